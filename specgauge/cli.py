@@ -1,0 +1,63 @@
+"""The `specgauge` command line. Each command is a thin shell over plain functions elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="specgauge",
+    help="Measure whether speculative decoding pays for a served model: launch, load, gate, warehouse, report.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+workloads_app = typer.Typer(help="Workload corpora (JSONL): validate them.", no_args_is_help=True)
+app.add_typer(workloads_app, name="workloads")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@workloads_app.command("validate")
+def workloads_validate(
+    files: Annotated[list[Path], typer.Argument(help="Workload JSONL files to check.")],
+) -> None:
+    """Check workload files. Exit 0 when all are valid; otherwise print every problem as FILE:LINE: field: message."""
+    from workloads.schema import check_file
+
+    bad = 0
+    for path in files:
+        prompts, problems = check_file(path)
+        for problem in problems:
+            err_console.print(str(problem), markup=False, highlight=False)
+        if problems:
+            bad += 1
+        else:
+            strata = sorted({p.workload for p in prompts})
+            console.print(f"{path}: ok, {len(prompts)} prompts, strata: {', '.join(strata)}", markup=False)
+    if bad:
+        raise typer.Exit(code=1)
+
+
+@app.command("reap")
+def reap() -> None:
+    """Stop deployments that a crashed or killed run left behind (from the deployment ledger)."""
+    from tasks.launch import reap_leftovers
+
+    done = reap_leftovers()
+    for entry in done:
+        console.print(f"{entry['id']} ({entry['launcher']}): {entry['outcome']}", markup=False)
+    if not done:
+        console.print("nothing left behind")
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

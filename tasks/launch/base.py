@@ -1,0 +1,119 @@
+"""What every launcher produces (a Deployment) and promises (launch, alive, log tail, teardown)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import SecretStr
+
+from experiments.spec import TargetSpec, Variant
+
+Status = Literal["starting", "ready", "failed", "stopped"]
+
+
+@dataclass
+class Deployment:
+    """One launched (or adopted) engine serving one variant. Serialised as deployment.json."""
+
+    id: str
+    launcher: str
+    variant: Variant
+    served_model_name: str
+    base_url: str
+    metrics_url: str
+    directory: Path
+    command: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    started_at: str = ""
+    status: Status = "starting"
+    ready_s: float | None = None
+    engine_version: str | None = None
+    kv_cache_tokens: int | None = None
+    max_model_len: int | None = None
+    pid: int | None = None
+    job_id: str | None = None
+    stopped_at: str | None = None
+    teardown: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    api_key: SecretStr | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("api_key")  # secrets never reach artifacts
+        data["variant"] = self.variant.model_dump(mode="json")
+        data["directory"] = str(self.directory)
+        data["log_path"] = str(self.log_path) if self.log_path else None
+        return data
+
+    def save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / "deployment.json.tmp"
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        tmp.replace(self.directory / "deployment.json")
+
+    @classmethod
+    def load(cls, path: Path) -> Deployment:
+        data = json.loads(Path(path).read_text())
+        data["variant"] = Variant.model_validate(data["variant"])
+        data["directory"] = Path(data["directory"])
+        data["log_path"] = Path(data["log_path"]) if data.get("log_path") else None
+        return cls(**data)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
+
+
+class Launcher(Protocol):
+    kind: str
+
+    def launch(
+        self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
+    ) -> Deployment:
+        """Start the engine and return at once (the health gate waits). Records itself in the ledger."""
+
+    def alive(self, deployment: Deployment) -> bool | None:
+        """False when the engine (or its job) has ended; None when it cannot be known."""
+
+    def log_tail(self, deployment: Deployment, lines: int = 60) -> str: ...
+
+    def teardown(self, deployment: Deployment) -> None:
+        """Stop everything the launch started. Idempotent; never raises for an already stopped engine."""
+
+
+# What the engine prints at start-up that provenance wants (vLLM 0.x, CPU and GPU wording).
+_KV_CACHE = re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_VERSION = re.compile(r"LLM engine \(v([^)]+)\)|version (\d+\.\d+\.\d+\S*)")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def startup_facts(log_text: str) -> dict[str, Any]:
+    """KV-cache capacity, max model length and engine version from an engine log (last value wins)."""
+    facts: dict[str, Any] = {}
+    if found := _KV_CACHE.findall(log_text):
+        facts["kv_cache_tokens"] = int(found[-1].replace(",", ""))
+    if found := _MAX_LEN.findall(log_text):
+        facts["max_model_len"] = int(found[-1])
+    if found := _VERSION.findall(log_text):
+        facts["engine_version"] = next(v for pair in found for v in pair if v)
+    if found := _MAX_CONCURRENCY.findall(log_text):
+        facts["max_concurrency_at_len"] = {
+            "tokens": int(found[-1][0].replace(",", "")),
+            "x": float(found[-1][1]),
+        }
+    return facts
+
+
+def tail(path: Path | None, lines: int = 60) -> str:
+    if path is None or not path.exists():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        fh.seek(max(size - 64 * 1024, 0))
+        text = fh.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])

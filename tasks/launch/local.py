@@ -1,0 +1,224 @@
+"""The local launcher: the embedded engine (vLLM for CPUs, in its own venv) as a child process group."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from experiments.spec import LocalLauncher as LocalLauncherSpec
+from experiments.spec import TargetSpec, Variant
+from specgauge.errors import InputError, LaunchError
+from specgauge.provenance import utc_now
+from specgauge.settings import REPO_ROOT, get_settings
+from tasks.launch import ledger
+from tasks.launch.base import Deployment, startup_facts, tail
+from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
+
+_LIVE: dict[str, tuple[LocalLauncher, Deployment]] = {}
+
+
+def resolve_local(path: str) -> str:
+    """Spec paths are relative to the repo root (or absolute); hub ids pass through unchanged."""
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return str(candidate)
+    for base in (REPO_ROOT, Path.cwd()):
+        if (base / candidate).exists():
+            return str((base / candidate).resolve())
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_draft_vocabulary(target_dir: str, draft_dir: str) -> None:
+    """A draft must share the target's vocabulary; vLLM would otherwise fail late or accept garbage."""
+    try:
+        target = json.loads((Path(target_dir) / "config.json").read_text())
+        draft = json.loads((Path(draft_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # not local checkpoints: the engine checks on its side
+    if target.get("vocab_size") != draft.get("vocab_size"):
+        raise InputError(
+            f"draft model {draft_dir} has vocab_size {draft.get('vocab_size')}, target {target_dir} has "
+            f"{target.get('vocab_size')}: a draft must share the target's tokenizer"
+        )
+
+
+class LocalLauncher:
+    kind = "local"
+
+    def __init__(self, spec: LocalLauncherSpec | None = None, engine_python: Path | None = None) -> None:
+        self.spec = spec or LocalLauncherSpec()
+        self.engine_python = engine_python or get_settings().engine_python
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def command(self, target: TargetSpec, variant: Variant, port: int) -> list[str]:
+        return [
+            str(self.engine_python),
+            "-m",
+            ENGINE_MODULE,
+            *vllm_args(
+                target,
+                variant,
+                served_model_name=served_name(target, variant),
+                host=self.spec.host,
+                port=port,
+                resolve=resolve_local,
+            ),
+        ]
+
+    def launch(
+        self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
+    ) -> Deployment:
+        if not Path(self.engine_python).exists():
+            raise LaunchError(
+                f"engine python {self.engine_python} not found: run `make engine` (or set "
+                "SPECGAUGE_ENGINE_PYTHON)"
+            )
+        if variant.method == "draft_model" and variant.draft_model:
+            check_draft_vocabulary(resolve_local(target.model), resolve_local(variant.draft_model))
+        directory.mkdir(parents=True, exist_ok=True)
+        port = free_port(self.spec.host)
+        command = self.command(target, variant, port)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{self.spec.kv_cache_gib:g}", **target.env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = directory / "engine.log"
+        (directory / "command.txt").write_text(" ".join(command) + "\n")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=directory,
+                env=env,
+                start_new_session=True,  # own process group: teardown kills it all
+            )
+        self._procs[deployment_id] = proc
+        base_url = f"http://{self.spec.host}:{port}"
+        deployment = Deployment(
+            id=deployment_id,
+            launcher=self.kind,
+            variant=variant,
+            served_model_name=served_name(target, variant),
+            base_url=base_url,
+            metrics_url=f"{base_url}/metrics",
+            directory=directory,
+            command=command,
+            log_path=log_path,
+            started_at=utc_now(),
+            pid=proc.pid,
+            extra={"port": port, "kv_cache_gib": self.spec.kv_cache_gib},
+        )
+        ledger.record(
+            deployment_id,
+            self.kind,
+            pid=proc.pid,
+            pgid=proc.pid,
+            directory=str(directory),
+            marker=ENGINE_MODULE,
+        )
+        deployment.save()
+        _LIVE[deployment_id] = (self, deployment)
+        return deployment
+
+    def alive(self, deployment: Deployment) -> bool | None:
+        proc = self._procs.get(deployment.id)
+        if proc is not None:
+            return proc.poll() is None
+        return deployment.pid is not None and psutil.pid_exists(deployment.pid)
+
+    def log_tail(self, deployment: Deployment, lines: int = 60) -> str:
+        return tail(deployment.log_path, lines)
+
+    def collect_facts(self, deployment: Deployment) -> dict[str, Any]:
+        log_text = deployment.log_path.read_text(errors="replace") if deployment.log_path else ""
+        facts = startup_facts(log_text)
+        deployment.kv_cache_tokens = facts.get("kv_cache_tokens", deployment.kv_cache_tokens)
+        deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
+        deployment.engine_version = facts.get("engine_version", deployment.engine_version)
+        deployment.extra.update({k: v for k, v in facts.items() if k == "max_concurrency_at_len"})
+        return facts
+
+    def teardown(self, deployment: Deployment) -> None:
+        proc = self._procs.pop(deployment.id, None)
+        how = stop_process_group(deployment.pid, proc)
+        deployment.status = "failed" if deployment.status == "failed" else "stopped"
+        deployment.stopped_at = utc_now()
+        deployment.teardown = how
+        deployment.save()
+        ledger.forget(deployment.id)
+        _LIVE.pop(deployment.id, None)
+
+    @staticmethod
+    def stop_leftover(entry: dict[str, Any]) -> str:
+        """Stop what a crashed run left, from its ledger entry, if it is still our engine."""
+        pid = entry.get("pgid") or entry.get("pid")
+        if not pid or not psutil.pid_exists(pid):
+            return "already gone"
+        try:
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            return "already gone"
+        if entry.get("marker", ENGINE_MODULE) not in cmdline:
+            return "pid reused by another program: left alone"
+        return stop_process_group(pid, None)
+
+
+def stop_process_group(pid: int | None, proc: subprocess.Popen[bytes] | None, grace_s: float = 15.0) -> str:
+    """SIGTERM the whole group, wait, then SIGKILL whatever is left (vLLM's engine core included)."""
+    if pid is None:
+        return "nothing to stop"
+    try:
+        members = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        members = []
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    if proc is not None:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _, alive = psutil.wait_procs(members, timeout=max(deadline - time.monotonic(), 0.1))
+    if not alive:
+        return "terminated"
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for member in alive:
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    if proc is not None:
+        proc.poll()
+    return "killed after SIGTERM grace"
+
+
+@atexit.register
+def _teardown_on_exit() -> None:
+    # Last line of defence when a caller forgot its finally; a SIGKILL is the ledger's job.
+    for launcher, deployment in list(_LIVE.values()):
+        try:
+            launcher.teardown(deployment)
+        except Exception:
+            pass

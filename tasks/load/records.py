@@ -1,0 +1,86 @@
+"""One streamed request, as measured by the client (the per-request part of docs/metrics contract).
+
+Times are seconds on the client's monotonic clock, relative to the cell's start (`t0`), so records of one
+cell compare directly; the cell's meta.json gives t0 as UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import polars as pl
+
+Phase = Literal["warmup", "measured"]
+ErrorClass = Literal["connect", "timeout", "http_status", "stream_cut", "no_usage", "protocol", "cancelled"]
+
+
+@dataclass
+class RequestRecord:
+    index: int  # issue order within the cell, warm-up first
+    prompt_id: str
+    workload: str
+    phase: Phase
+    endpoint: str  # "chat" or "completions"
+    queued_s: float  # when it asked for a concurrency slot (closed loop) or was due (open loop)
+    scheduled_s: float | None = None  # open loop: the planned arrival time
+    sent_s: float | None = None  # when the request left the client
+    first_token_s: float | None = None  # first delta carrying content, reasoning or tool-call arguments
+    last_token_s: float | None = None  # last token-bearing chunk
+    ended_s: float | None = None  # stream closed
+    client_queue_s: float = 0.0  # sent - queued: waiting for a slot, never inside TTFT
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpot_s: float | None = None  # (e2e - ttft) / (completion_tokens - 1), >= 2 tokens only
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # from the usage block
+    chunks: int = 0  # token-bearing chunks
+    chunk_offsets_s: list[float] = field(default_factory=list)  # each token-bearing chunk, from send
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
+    tokens_exact: bool = False  # chunk_tokens from server token ids (else derived from usage)
+    finish_reason: str | None = None
+    http_status: int | None = None
+    ok: bool = False
+    error_class: ErrorClass | None = None
+    error: str | None = None
+    token_ids: list[int] | None = None  # kept only when asked (greedy capture)
+    text: str | None = None  # kept only when asked (greedy capture)
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "index": pl.Int32(),
+    "prompt_id": pl.String(),
+    "workload": pl.String(),
+    "phase": pl.String(),
+    "endpoint": pl.String(),
+    "queued_s": pl.Float64(),
+    "scheduled_s": pl.Float64(),
+    "sent_s": pl.Float64(),
+    "first_token_s": pl.Float64(),
+    "last_token_s": pl.Float64(),
+    "ended_s": pl.Float64(),
+    "client_queue_s": pl.Float64(),
+    "ttft_s": pl.Float64(),
+    "e2e_s": pl.Float64(),
+    "tpot_s": pl.Float64(),
+    "prompt_tokens": pl.Int64(),
+    "completion_tokens": pl.Int64(),
+    "chunks": pl.Int32(),
+    "chunk_offsets_s": pl.List(pl.Float64()),
+    "chunk_tokens": pl.List(pl.Int32()),
+    "tokens_exact": pl.Boolean(),
+    "finish_reason": pl.String(),
+    "http_status": pl.Int32(),
+    "ok": pl.Boolean(),
+    "error_class": pl.String(),
+    "error": pl.String(),
+    "token_ids": pl.List(pl.Int64()),
+    "text": pl.String(),
+}
+
+
+def records_frame(records: list[RequestRecord]) -> pl.DataFrame:
+    return pl.DataFrame([r.as_row() for r in records], schema=REQUEST_SCHEMA, orient="row")

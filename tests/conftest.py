@@ -1,0 +1,87 @@
+"""Shared fixtures. The embedded engine is expensive to start (about a minute on 2 cores), so each
+variant's engine is started at most once per test session and shared by every test that needs it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engine.lock"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test session writes raw artifacts, ledger and warehouse under its own SPECGAUGE_HOME."""
+    home = tmp_path_factory.mktemp("specgauge-home")
+    previous = os.environ.get("SPECGAUGE_HOME")
+    os.environ["SPECGAUGE_HOME"] = str(home)
+    from specgauge.settings import get_settings
+
+    get_settings.cache_clear()
+    yield home
+    if previous is None:
+        os.environ.pop("SPECGAUGE_HOME", None)
+    else:
+        os.environ["SPECGAUGE_HOME"] = previous
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def engine_lock() -> Iterator[None]:
+    """Serialise engine use across concurrent test sessions on one machine (2 cores fit one engine)."""
+    ENGINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(ENGINE_LOCK, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class EnginePool:
+    """Starts each variant's engine on first use and keeps it for the session. Idle engines cost little
+    CPU, so keeping plain, n-gram and draft-model engines up saves a minute per restart."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.running: dict[str, tuple[object, object]] = {}  # variant name -> (launcher, deployment)
+
+    def get(self, variant_name: str):
+        from experiments.spec import load_spec
+        from tasks.health import wait_ready
+        from tasks.launch.local import LocalLauncher
+
+        if variant_name in self.running:
+            return self.running[variant_name][1]
+        spec = load_spec(REPO / "experiments" / "demo.yaml")
+        variant = next(v for v in spec.variants if v.name == variant_name)
+        launcher = LocalLauncher(spec.launcher)
+        deployment = launcher.launch(
+            spec.target, variant, deployment_id=f"test.{variant_name}", directory=self.root / variant_name
+        )
+        self.running[variant_name] = (launcher, deployment)
+        wait_ready(deployment, launcher, timeout_s=600)
+        launcher.collect_facts(deployment)
+        return deployment
+
+    def launcher(self, variant_name: str):
+        return self.running[variant_name][0]
+
+    def stop(self) -> None:
+        while self.running:
+            _, (launcher, deployment) = self.running.popitem()
+            launcher.teardown(deployment)
+
+
+@pytest.fixture(scope="session")
+def engines(engine_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    pool = EnginePool(tmp_path_factory.mktemp("engines"))
+    try:
+        yield pool
+    finally:
+        pool.stop()
