@@ -55,6 +55,21 @@ def reap() -> None:
         console.print("nothing left behind")
 
 
+# Each area registers its own commands (specgauge/commands/<area>.py exposes register(app)).
+COMMAND_MODULES: list[str] = [
+]
+
+
+def _register_command_modules() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"specgauge.commands.{name}").register(app)
+
+
+_register_command_modules()
+
+
 def main() -> None:  # pragma: no cover - console script entry
     app()
 
