@@ -1,0 +1,86 @@
+"""Experiment specs: the shipped ones load; bad ones fail naming the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.spec import load_spec, parse_spec
+from specgauge.errors import SpecError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def demo() -> dict:
+    return yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_load(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.plain.method == "none"
+
+
+def test_demo_variants_render_vllm_speculative_configs() -> None:
+    spec = load_spec(REPO / "experiments" / "demo.yaml")
+    configs = {v.name: v.speculative_config() for v in spec.variants}
+    assert configs["plain"] is None
+    assert configs["ngram-k3"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 4,
+    }
+    assert configs["draft-k3"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": "models/tiny-draft",
+    }
+
+
+def bad(mutate) -> str:
+    data = demo()
+    mutate(data)
+    with pytest.raises(SpecError) as info:
+        parse_spec(data, "experiments/x.yaml")
+    return str(info.value)
+
+
+def test_errors_name_the_field() -> None:
+    assert "experiments/x.yaml: variants[2].k: Value error" not in bad(lambda d: d["variants"][2].update(k=0))
+    assert "variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0" in bad(
+        lambda d: d["variants"][2].update(k=0)
+    )
+    assert "variants[1].method: Input should be 'none', 'ngram', 'draft_model' or 'eagle3'" in bad(
+        lambda d: d["variants"][1].update(method="medusa")
+    )
+    assert "load.concurrencies[0]: Input should be greater than 0" in bad(
+        lambda d: d["load"].update(concurrencies=[0])
+    )
+    assert "sampling.temprature: unknown field (check its spelling)" in bad(
+        lambda d: d["sampling"].update(temprature=0)
+    )
+    assert "variants[0].name: Value error, variant name 'plain; rm -rf /'" not in bad(
+        lambda d: d["variants"][0].update(name="plain; rm -rf /")
+    )
+    assert "variants[0].name: variant name 'plain; rm -rf /' may only contain" in bad(
+        lambda d: d["variants"][0].update(name="plain; rm -rf /")
+    )
+
+
+def test_plain_baseline_and_unique_names_are_required() -> None:
+    assert "needs a plain variant" in bad(lambda d: d.update(variants=d["variants"][1:]))
+    assert "variant names must be unique: ngram-k3" in bad(
+        lambda d: d["variants"].append(dict(d["variants"][1]))
+    )
+
+
+def test_yaml_syntax_errors_give_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nvariants: [\n  - a\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert str(info.value).startswith(f"{path}:")
+    assert "invalid YAML" in str(info.value)
