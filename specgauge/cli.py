@@ -33,7 +33,7 @@ def workloads_validate(
     for path in files:
         prompts, problems = check_file(path)
         for problem in problems:
-            err_console.print(str(problem), markup=False, highlight=False)
+            typer.echo(str(problem), err=True)  # one problem a line, never wrapped: tools parse this
         if problems:
             bad += 1
         else:
@@ -57,6 +57,7 @@ def reap() -> None:
 
 # Each area registers its own commands (specgauge/commands/<area>.py exposes register(app)).
 COMMAND_MODULES: list[str] = [
+    "gate",
 ]
 
 
