@@ -209,7 +209,81 @@ class EndpointLauncher(Strict):
         return self
 
 
-LauncherSpec = Annotated[LocalLauncher | EndpointLauncher, Field(discriminator="kind")]
+_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+_SLURM_MEMORY = re.compile(r"^\d+[KMGT]?$")
+
+
+class _ClusterLauncher(Strict):
+    """Settings shared by the SLURM and `sml` launchers. Each field left out comes from the cluster block
+    (`cluster`: a SlurmClusterBlock name); see docs/cluster.md."""
+
+    cluster: str | None = Field(default=None, description="Name of a SlurmClusterBlock.")
+    ssh: str | None = Field(
+        default=None,
+        description="Name of a ClusterSSHBlock; default: the cluster block's. None anywhere: run on the login node.",
+    )
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = Field(default=None, description="SLURM time limit, e.g. 02:00:00.")
+    environment_toml: str | None = Field(default=None, description="Container environment TOML (local path).")
+    remote_dir: str | None = Field(default=None, description="Work directory on the cluster's shared filesystem.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine.")
+    overlay: str | None = Field(default=None, description="Directory written by `specgauge patches overlay`.")
+    ready_timeout_s: float = Field(default=1800.0, gt=0)
+
+    @field_validator("partition", "account")
+    @classmethod
+    def safe_slurm_name(cls, value: str | None) -> str | None:
+        return None if value is None else _safe_name(value, "SLURM partition/account")
+
+    @field_validator("time_limit")
+    @classmethod
+    def slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.fullmatch(value):
+            raise ValueError(f"time_limit {value!r} is not a SLURM time ([D-]HH:MM:SS, MM:SS or minutes)")
+        return value
+
+
+class SlurmLauncher(_ClusterLauncher):
+    """One SLURM batch job per deployment (sbatch over SSH, or on the login node)."""
+
+    kind: Literal["slurm"] = "slurm"
+    gpus_per_node: int | None = Field(default=None, gt=0)
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    memory: str | None = Field(default=None, description="SLURM --mem, e.g. 200G.")
+    engine_command: str | None = Field(default=None, description="Engine command on the node, before its args.")
+    container_prefix: str | None = Field(
+        default=None, description="Command prefix that enters the container ({mounts}, {environment})."
+    )
+    port: int | None = Field(default=None, gt=0, lt=65536)
+
+    @field_validator("memory")
+    @classmethod
+    def slurm_memory(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_MEMORY.fullmatch(value):
+            raise ValueError(f"memory {value!r} is not a SLURM --mem value (e.g. 200G)")
+        return value
+
+
+class SmlLauncher(_ClusterLauncher):
+    """A deployment launched through `sml advanced` (swiss-ai/model-launch) on the cluster."""
+
+    kind: Literal["sml"] = "sml"
+    sml_flags: Literal["legacy", "current"] | None = Field(
+        default=None, description="Flag generation of the cluster's sml (legacy: --firecrest-system ...)."
+    )
+    nodes_per_replica: int | None = Field(default=None, gt=0)
+    served_org: str | None = Field(default=None, description="Middle segment of the served name user/org/name.")
+
+    @field_validator("served_org")
+    @classmethod
+    def safe_org(cls, value: str | None) -> str | None:
+        return None if value is None else _safe_name(value, "served_org")
+
+
+LauncherSpec = Annotated[
+    LocalLauncher | EndpointLauncher | SlurmLauncher | SmlLauncher, Field(discriminator="kind")
+]
 
 
 class ExperimentSpec(Strict):

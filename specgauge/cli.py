@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from specgauge.prefect_env import configure as _configure_prefect
+
+_configure_prefect()  # before anything imports prefect: the repo's profiles, PREFECT_HOME under var/
+
 app = typer.Typer(
     name="specgauge",
     help="Measure whether speculative decoding pays for a served model: launch, load, gate, warehouse, report.",
@@ -57,7 +61,10 @@ def reap() -> None:
 
 # Each area registers its own commands (specgauge/commands/<area>.py exposes register(app)).
 COMMAND_MODULES: list[str] = [
+    "blocks",
+    "campaign",
     "gate",
+    "metrics",
 ]
 
 

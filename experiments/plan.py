@@ -1,0 +1,154 @@
+"""From a spec to a campaign plan: the campaign id, which deployments to launch in which order, and the
+cells each deployment runs. Pure and deterministic: the same spec (and label) gives the same plan, which is
+what lets a re-run resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from experiments.spec import ExperimentSpec, Variant
+from workloads.schema import Corpus, load_corpus
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    cell_id: str
+    workload: str  # stratum
+    mode: str  # "closed" or "open"
+    concurrency: int | None
+    rate: float | None
+    corpus_file: str
+
+    @property
+    def load_label(self) -> str:
+        return f"c{self.concurrency}" if self.mode == "closed" else f"rate{self.rate:g}"
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    deployment_id: str
+    variant: Variant
+    repeat: int
+    position: int  # order of launch within the campaign
+    cells: tuple[CellPlan, ...]
+    captures: tuple[str, ...] = ()  # capture ids to take on this deployment
+    role: str = "arm"  # "arm" (measured variant) or "control" (extra plain launch for the gate)
+
+
+@dataclass(frozen=True)
+class CampaignPlan:
+    campaign_id: str
+    spec_sha256: str
+    label: str | None
+    orders: tuple[tuple[str, ...], ...]  # variant order per repeat (randomised, recorded)
+    deployments: tuple[DeploymentPlan, ...]
+    corpora: dict[str, Corpus] = field(default_factory=dict, compare=False)
+
+    def cells(self) -> list[tuple[DeploymentPlan, CellPlan]]:
+        return [(d, c) for d in self.deployments for c in d.cells]
+
+
+def spec_digest(spec: ExperimentSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
+    return f"{spec.name}-{spec_digest(spec)[:8]}" + (f"-{label}" if label else "")
+
+
+def resolve_repo_path(path: str, base: Path | None = None) -> Path:
+    from specgauge.settings import REPO_ROOT
+
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return candidate
+    for root in (base, REPO_ROOT, Path.cwd()):
+        if root is not None and (root / candidate).exists():
+            return root / candidate
+    return REPO_ROOT / candidate
+
+
+def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPlan:
+    campaign_id = campaign_id_for(spec, label)
+    corpora: dict[str, Corpus] = {}
+    cell_templates: list[tuple[str, str, str, int | None, float | None]] = []
+    for ref in spec.workloads:
+        corpus = load_corpus(resolve_repo_path(ref.file))
+        corpora[ref.file] = corpus
+        strata = ref.strata or tuple(corpus.strata)
+        missing = sorted(set(strata) - set(corpus.strata))
+        if missing:
+            from specgauge.errors import SpecError
+
+            raise SpecError(
+                f"workloads: {ref.file} has no stratum {', '.join(missing)} (it has {corpus.strata})"
+            )
+        for stratum in strata:
+            for c in spec.load.concurrencies:
+                cell_templates.append((ref.file, stratum, "closed", c, None))
+            for r in spec.load.rates:
+                cell_templates.append((ref.file, stratum, "open", None, r))
+    if spec.capture.enabled:
+        corpora[spec.capture.corpus] = load_corpus(resolve_repo_path(spec.capture.corpus))
+
+    rng = random.Random(spec.seed)
+    orders: list[tuple[str, ...]] = []
+    deployments: list[DeploymentPlan] = []
+    for repeat in range(spec.repeats):
+        names = [v.name for v in spec.variants]
+        rng.shuffle(names)  # spread drift over variants instead of always measuring plain first
+        orders.append(tuple(names))
+        for name in names:
+            variant = next(v for v in spec.variants if v.name == name)
+            cells = tuple(
+                CellPlan(
+                    cell_id=f"{name}.r{repeat}.{stratum}." + (f"c{c}" if mode == "closed" else f"rate{r:g}"),
+                    workload=stratum,
+                    mode=mode,
+                    concurrency=c,
+                    rate=r,
+                    corpus_file=file,
+                )
+                for file, stratum, mode, c, r in cell_templates
+            )
+            captures: tuple[str, ...] = ()
+            if spec.capture.enabled:
+                captures = (f"{name}.r{repeat}",)
+                if variant.method == "none" and repeat == 0:
+                    captures += (f"{name}.r{repeat}.again",)  # same-deployment repeat: the first control
+            deployments.append(
+                DeploymentPlan(
+                    deployment_id=f"{campaign_id}.{name}.r{repeat}",
+                    variant=variant,
+                    repeat=repeat,
+                    position=len(deployments),
+                    cells=cells,
+                    captures=captures,
+                )
+            )
+    if spec.capture.enabled:
+        for n in range(spec.capture.plain_controls):
+            deployments.append(
+                DeploymentPlan(
+                    deployment_id=f"{campaign_id}.{spec.plain.name}.ctl{n + 1}",
+                    variant=spec.plain,
+                    repeat=0,
+                    position=len(deployments),
+                    cells=(),
+                    captures=(f"{spec.plain.name}.ctl{n + 1}",),
+                    role="control",
+                )
+            )
+    return CampaignPlan(
+        campaign_id=campaign_id,
+        spec_sha256=spec_digest(spec),
+        label=label,
+        orders=tuple(orders),
+        deployments=tuple(deployments),
+        corpora=corpora,
+    )

@@ -1,0 +1,154 @@
+"""Campaigns from the command line: plan, run (with a progress display), the demo, and the Prefect
+server/deployment/worker commands that make the same flows triggerable from the UI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specgauge.settings import REPO_ROOT
+
+console = Console()
+DEMO_SPEC = "experiments/demo.yaml"
+WORK_POOL = "specgauge"
+
+
+def _rows_table(title: str, rows: list[dict]) -> Table:
+    table = Table(title=title, show_lines=False)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    for column in columns:
+        table.add_column(
+            column, justify="right" if column not in ("cell", "variant", "workload", "status") else "left"
+        )
+    for row in rows:
+        table.add_row(*[str(row.get(c, "")) for c in columns])
+    return table
+
+
+def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, analyze: bool) -> dict:
+    from experiments.plan import plan_campaign, resolve_repo_path
+    from experiments.spec import load_spec
+    from flows.campaign import campaign
+    from specgauge.progress import RichReporter, reporting
+    from tasks import campaign as state
+
+    spec_path = resolve_repo_path(spec)
+    experiment = load_spec(spec_path)  # fail fast, before Prefect starts, with the field named
+    plan = plan_campaign(experiment, label)
+    with reporting(RichReporter()):
+        result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
+    directory = state.campaign_dir(plan.campaign_id)
+    console.print(_rows_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
+    for verdict in result.get("gates", []) or []:
+        console.print(
+            f"gate {verdict.get('treatment')}: {'PASSED' if verdict.get('passed') else 'FAILED'} - "
+            f"{verdict.get('claim')}",
+            markup=False,
+        )
+    analysis = result.get("analysis")
+    if isinstance(analysis, dict) and analysis.get("report"):
+        console.print(f"report: {analysis['report']}", markup=False)
+    console.print(f"raw artifacts: {directory}", markup=False)
+    return result
+
+
+def register(app: typer.Typer) -> None:
+    campaign_app = typer.Typer(help="Campaigns: plan and run experiment specs.", no_args_is_help=True)
+    app.add_typer(campaign_app, name="campaign")
+
+    @campaign_app.command("plan")
+    def plan_cmd(
+        spec: Annotated[str, typer.Argument(help="Experiment spec (YAML).")],
+        label: Annotated[str | None, typer.Option(help="Run label (a new campaign id).")] = None,
+    ) -> None:
+        """Show what a spec would launch and measure, without running anything."""
+        from experiments.plan import plan_campaign, resolve_repo_path
+        from experiments.spec import load_spec
+
+        plan = plan_campaign(load_spec(resolve_repo_path(spec)), label)
+        console.print(f"campaign id: {plan.campaign_id}", markup=False)
+        for repeat, order in enumerate(plan.orders):
+            console.print(f"repeat {repeat}: variant order {', '.join(order)}", markup=False)
+        for d in plan.deployments:
+            console.print(
+                f"- {d.deployment_id} ({d.role}): {len(d.cells)} cells, captures {list(d.captures)}",
+                markup=False,
+            )
+
+    @campaign_app.command("run")
+    def run_cmd(
+        spec: Annotated[
+            str, typer.Argument(help="Experiment spec (YAML), relative to the repo root or absolute.")
+        ],
+        label: Annotated[
+            str | None, typer.Option(help="Run label: a new campaign id instead of resuming.")
+        ] = None,
+        ingest: Annotated[bool, typer.Option(help="Ingest into the warehouse afterwards.")] = True,
+        gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
+        analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
+    ) -> None:
+        """Run a campaign: launch each variant, gate it, measure every cell, capture, tear down; then ingest,
+        gate and analyse. Re-running the same spec resumes: finished cells are skipped."""
+        run_campaign_cli(spec, label, ingest, gate, analyze)
+
+    @app.command("demo")
+    def demo_cmd() -> None:
+        """The main job on the embedded engine: plain vs n-gram vs draft model on the smoke corpus, then the
+        warehouse, the correctness gate, charts and the report."""
+        run_campaign_cli(DEMO_SPEC, None, True, True, True)
+
+    server_app = typer.Typer(
+        help="The Prefect server, deployments and worker behind the UI.", no_args_is_help=True
+    )
+    app.add_typer(server_app, name="prefect")
+
+    def prefect_cli(*args: str, profile: str = "server") -> subprocess.CompletedProcess:
+        env = {**os.environ, "PREFECT_PROFILE": profile}
+        return subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO_ROOT, env=env, check=False)
+
+    @server_app.command("server")
+    def server_cmd(port: int = typer.Option(4200, help="Port on 127.0.0.1.")) -> None:
+        """Start the Prefect server and UI on 127.0.0.1 (foreground; Ctrl-C stops it)."""
+        env = {**os.environ, "PREFECT_PROFILE": "server", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        os.execve(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--analytics-off",
+            ],
+            env,
+        )
+
+    @server_app.command("deploy")
+    def deploy_cmd() -> None:
+        """Create the process work pool and the deployments of prefect.yaml (campaign, regression, analyze)
+        on the server, and register the block types."""
+        prefect_cli("work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
+        prefect_cli("gcl", "create", "specgauge-warehouse-writer", "--limit", "1")
+        done = prefect_cli("--no-prompt", "deploy", "--all")
+        if done.returncode != 0:
+            raise typer.Exit(done.returncode)
+        env = {**os.environ, "PREFECT_PROFILE": "server"}
+        subprocess.run([sys.executable, "-m", "specgauge.cli", "blocks", "register"], env=env, check=False)
+
+    @server_app.command("worker")
+    def worker_cmd() -> None:
+        """Start a process worker for the specgauge pool (foreground)."""
+        env = {**os.environ, "PREFECT_PROFILE": "server"}
+        os.execve(
+            sys.executable, [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL], env
+        )
