@@ -12,4 +12,5 @@ def configure() -> None:
     os.environ.setdefault("PREFECT_PROFILE", "local")
     # Prefect's own state (ephemeral API database, local results) lives with specgauge's state, not in ~.
     os.environ.setdefault("PREFECT_HOME", str(get_settings().home / "prefect"))
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
     os.environ.setdefault("SPECGAUGE_REPO", str(REPO_ROOT))

@@ -61,6 +61,8 @@ class _Window:
         self.deployment = deployment
         self.before: str | None = None
         self.after: str | None = None
+        self.before_at: float | None = None  # perf_counter when each scrape answered
+        self.after_at: float | None = None
         self.problems: list[str] = []
 
     async def _scrape(self) -> str | None:
@@ -72,8 +74,10 @@ class _Window:
 
     async def open(self) -> None:
         self.before = await self._scrape()
+        self.before_at = time.perf_counter()
 
     async def close(self) -> None:
+        self.after_at = time.perf_counter()
         self.after = await self._scrape()
 
 
@@ -123,6 +127,8 @@ async def _measure(
         )
         gauges = sampler.frame()
         failures = sampler.failures
+    # The sampler's clock started a moment before the runner's: put gauges on the records' clock.
+    gauges = gauges.with_columns(pl.col("t_s") + (t0 - result.t0_perf))
     return result, window, gauges, failures
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from specgauge.settings import REPO_ROOT
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 DEMO_SPEC = "experiments/demo.yaml"
 WORK_POOL = "specgauge"
 

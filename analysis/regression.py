@@ -1,0 +1,140 @@
+"""Regression checks: a run of a spec against its reference run, with intervals, not single numbers.
+
+For each speculative variant, workload and load, and each guarded figure (throughput speedup against
+plain, TPOT p50 speedup, acceptance rate, mean acceptance length), the ratio current / reference is
+estimated with a bootstrap interval over the runs' independently launched repeats. A figure REGRESSED
+when the whole interval lies below 1 - tolerance: the evidence says it moved down by more than the
+tolerance, not merely that one number came out lower.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from analysis.stats import ratio_of_means_interval
+from specgauge.provenance import utc_now, utc_stamp
+
+GUARDED = ("throughput_speedup", "tpot_p50_speedup", "acceptance_rate", "mean_acceptance_length")
+
+
+@dataclass(frozen=True)
+class Change:
+    variant: str
+    workload: str
+    load: str
+    figure: str
+    reference_mean: float
+    current_mean: float
+    ratio: float
+    low: float
+    high: float
+    repeats: int
+    method: str
+    regressed: bool
+
+
+def figures(con: duckdb.DuckDBPyConnection, campaign_id: str) -> pl.DataFrame:
+    """Per-repeat guarded figures of a campaign's speculative cells (from v_speedup)."""
+    return con.execute(
+        f"SELECT variant, workload, load_label, repeat, {', '.join(GUARDED)} FROM v_speedup "
+        "WHERE campaign_id = ? ORDER BY variant, workload, load_label, repeat",
+        [campaign_id],
+    ).pl()
+
+
+def compare_campaigns(
+    con: duckdb.DuckDBPyConnection,
+    current: str,
+    reference: str,
+    *,
+    tolerance: float = 0.10,
+    confidence: float = 0.95,
+) -> list[Change]:
+    cur, ref = figures(con, current), figures(con, reference)
+    if cur.is_empty():
+        raise ValueError(f"campaign {current} has no speculative cells paired with plain in the warehouse")
+    if ref.is_empty():
+        raise ValueError(f"reference campaign {reference} has no speculative cells in the warehouse")
+    changes = []
+    keys = ("variant", "workload", "load_label")
+    for group_key, now in cur.group_by(keys, maintain_order=True):
+        variant, workload, load = group_key
+        before = ref.filter(
+            (pl.col("variant") == variant) & (pl.col("workload") == workload) & (pl.col("load_label") == load)
+        )
+        if before.is_empty():
+            continue
+        for figure in GUARDED:
+            a = now[figure].drop_nulls().to_list()
+            b = before[figure].drop_nulls().to_list()
+            if not a or not b:
+                continue
+            interval = ratio_of_means_interval(a, b, confidence=confidence)
+            changes.append(
+                Change(
+                    variant=variant,
+                    workload=workload,
+                    load=load,
+                    figure=figure,
+                    reference_mean=sum(b) / len(b),
+                    current_mean=sum(a) / len(a),
+                    ratio=interval.estimate,
+                    low=interval.low,
+                    high=interval.high,
+                    repeats=interval.n,
+                    method=interval.method,
+                    regressed=interval.high < 1 - tolerance,
+                )
+            )
+    return changes
+
+
+def markdown(current: str, reference: str, changes: list[Change], tolerance: float) -> str:
+    regressed = [c for c in changes if c.regressed]
+    lines = [
+        f"# Regression check: `{current}` against reference `{reference}`",
+        "",
+        f"Tolerance {tolerance:.0%}: a figure regressed when its whole interval of current/reference lies "
+        f"below {1 - tolerance:.2f}.",
+        "",
+        f"**{len(regressed)} regressed** of {len(changes)} figures checked.",
+        "",
+        "| variant | workload | load | figure | reference | current | ratio [interval] | regressed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(changes, key=lambda c: (not c.regressed, c.variant, c.workload, c.load, c.figure)):
+        lines.append(
+            f"| {c.variant} | {c.workload} | {c.load} | {c.figure} | {c.reference_mean:.3f} | {c.current_mean:.3f}"
+            f" | {c.ratio:.3f} [{c.low:.3f}, {c.high:.3f}] ({c.method}) | {'**yes**' if c.regressed else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def references_dir(raw_dir: Path) -> Path:
+    return raw_dir / "_references"
+
+
+def current_reference(raw_dir: Path, spec_name: str) -> str | None:
+    """The latest reference set for a spec (append-only records: setting one never rewrites another)."""
+    directory = references_dir(raw_dir) / spec_name
+    records = sorted(directory.glob("*.json")) if directory.exists() else []
+    return json.loads(records[-1].read_text())["campaign_id"] if records else None
+
+
+def set_reference(raw_dir: Path, spec_name: str, campaign_id: str, reason: str) -> Path:
+    directory = references_dir(raw_dir) / spec_name
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{utc_stamp()}.json"
+    path.write_text(
+        json.dumps({"campaign_id": campaign_id, "reason": reason, "set_utc": utc_now()}, indent=2)
+    )
+    return path
+
+
+def as_rows(changes: list[Change]) -> list[dict]:
+    return [asdict(c) for c in changes]

@@ -1,0 +1,97 @@
+"""The analyze flow: answer the five research questions for one campaign of the warehouse, store the results
+in its `analysis_*` tables, and write the report (SPECGAUGE_HOME/reports/<campaign_id>/index.html).
+
+Thin: analysis.run.analyze_campaign does the work; this flow adds the writer's global concurrency limit, a
+retry on lock contention, and Prefect artifacts pointing at the report.
+"""
+
+from __future__ import annotations
+
+from specgauge.prefect_env import configure
+
+configure()
+
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.artifacts import create_link_artifact, create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.concurrency.sync import concurrency  # noqa: E402
+
+from analysis.run import analyze_campaign  # noqa: E402
+from flows.ingest import ensure_writer_limit  # noqa: E402
+from tasks.ingest import only_lock_contention  # noqa: E402
+from warehouse.lock import WRITER_LIMIT_NAME  # noqa: E402
+
+
+def _artifact_key(campaign_id: str) -> str:
+    # Prefect artifact keys: lowercase letters, digits and dashes only.
+    return "".join(ch if ch.isalnum() else "-" for ch in campaign_id.lower()) + "-analysis"
+
+
+@task(
+    name="analyze-campaign",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[10, 30],
+    retry_condition_fn=only_lock_contention,
+)
+def analyze_task(campaign_id: str | None, db: str | None, reports_dir: str | None) -> dict[str, Any]:
+    logger = get_run_logger()
+    result = analyze_campaign(
+        campaign_id,
+        db,
+        reports_dir=reports_dir,
+        on_wait=logger.warning,
+        write_guard=lambda: concurrency(WRITER_LIMIT_NAME, occupy=1, strict=False),
+    )
+    summary = result.as_dict()
+    logger.info(
+        "analysed %s in %.1f s: %s; report %s",
+        result.campaign_id,
+        result.seconds,
+        ", ".join(f"{t} {n}" for t, n in result.rows.items()),
+        result.report,
+    )
+    for note in result.results.notes:
+        logger.warning("%s", note)
+    return summary
+
+
+@flow(name="analyze", log_prints=True)
+def analyze(
+    campaign_id: str | None = None, db: str | None = None, reports_dir: str | None = None
+) -> dict[str, Any]:
+    """Analyse a campaign already in the warehouse (default: the latest) and write its report.
+
+    Returns {"campaign_id", "analysis_id", "report": <index.html>, "tables": [...], "charts", "winners",
+    "notes", ...}."""
+    ensure_writer_limit()
+    summary = analyze_task(campaign_id, db, reports_dir)
+    report = summary["report"]
+    key = _artifact_key(summary["campaign_id"])
+    winners = summary["winners"]
+    create_link_artifact(
+        key=key,
+        link=Path(report).as_uri(),
+        link_text=f"report of {summary['campaign_id']}",
+        description=f"Analysis {summary['analysis_id']} of campaign {summary['campaign_id']} (opens offline)",
+    )
+    create_markdown_artifact(
+        key=key + "-summary",
+        markdown="\n".join(
+            [
+                f"# Analysis of {summary['campaign_id']}",
+                "",
+                f"Report: [{report}]({Path(report).as_uri()}) (a self-contained page: it renders offline)",
+                "",
+                f"Winners under the decision rule: {', '.join(winners) if winners else 'none'}",
+                "",
+                f"Tables: {', '.join(f'`{t}`' for t in summary['tables'])}",
+                *(["", "## Notes", *[f"- {n}" for n in summary["notes"]]] if summary["notes"] else []),
+            ]
+        ),
+        description=f"What the analysis of {summary['campaign_id']} found",
+    )
+    return summary

@@ -1,0 +1,46 @@
+"""The ingest flow: raw artifacts into the DuckDB warehouse, one writer at a time.
+
+Writers are serialised twice over: the Prefect global concurrency limit below (so a UI-triggered and a
+scheduled flow queue instead of failing) and the warehouse's own file lock (which also covers the CLI)."""
+
+from __future__ import annotations
+
+from specgauge.prefect_env import configure
+
+configure()
+
+from typing import Any  # noqa: E402
+
+from prefect import flow, get_run_logger  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate  # noqa: E402
+from prefect.concurrency.sync import concurrency  # noqa: E402
+from prefect.exceptions import ObjectNotFound  # noqa: E402
+
+from tasks.ingest import ingest_task  # noqa: E402
+from warehouse.lock import WRITER_LIMIT_NAME  # noqa: E402
+
+
+def ensure_writer_limit() -> None:
+    """Create the writer limit (1 slot) on the API in use if it does not exist yet."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(WRITER_LIMIT_NAME)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(
+                GlobalConcurrencyLimitCreate(name=WRITER_LIMIT_NAME, limit=1)
+            )
+
+
+@flow(name="ingest")
+def ingest(
+    raw_dir: str | None = None, db: str | None = None, campaign_id: str | None = None
+) -> dict[str, Any]:
+    """Ingest every raw artifact under raw_dir (default: the configured raw dir); already ingested ones are
+    skipped, corrupt ones quarantined with the reason."""
+    ensure_writer_limit()
+    with concurrency(WRITER_LIMIT_NAME, occupy=1):
+        report = ingest_task(raw_dir, db)
+    if campaign_id:
+        get_run_logger().info("ingest for campaign %s done", campaign_id)
+    return report
