@@ -180,6 +180,16 @@ class CaptureSpec(Strict):
     )
 
 
+class ProfileSpec(Strict):
+    """One short profiled window of a speculative variant (vLLM's torch profiler on the embedded engine)."""
+
+    variant: str
+    concurrency: int = Field(default=2, gt=0)
+    requests: int = Field(default=8, gt=0)
+    warmup: int = Field(default=2, ge=0)
+    stratum: str | None = Field(default=None, description="Workload stratum to profile; default all prompts.")
+
+
 class SLO(Strict):
     ttft_p99_s: float = Field(default=2.0, gt=0)
     tpot_p99_s: float = Field(default=0.2, gt=0)
@@ -226,7 +236,9 @@ class _ClusterLauncher(Strict):
     account: str | None = None
     time_limit: str | None = Field(default=None, description="SLURM time limit, e.g. 02:00:00.")
     environment_toml: str | None = Field(default=None, description="Container environment TOML (local path).")
-    remote_dir: str | None = Field(default=None, description="Work directory on the cluster's shared filesystem.")
+    remote_dir: str | None = Field(
+        default=None, description="Work directory on the cluster's shared filesystem."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine.")
     overlay: str | None = Field(default=None, description="Directory written by `specgauge patches overlay`.")
     ready_timeout_s: float = Field(default=1800.0, gt=0)
@@ -251,7 +263,9 @@ class SlurmLauncher(_ClusterLauncher):
     gpus_per_node: int | None = Field(default=None, gt=0)
     cpus_per_task: int | None = Field(default=None, gt=0)
     memory: str | None = Field(default=None, description="SLURM --mem, e.g. 200G.")
-    engine_command: str | None = Field(default=None, description="Engine command on the node, before its args.")
+    engine_command: str | None = Field(
+        default=None, description="Engine command on the node, before its args."
+    )
     container_prefix: str | None = Field(
         default=None, description="Command prefix that enters the container ({mounts}, {environment})."
     )
@@ -273,7 +287,9 @@ class SmlLauncher(_ClusterLauncher):
         default=None, description="Flag generation of the cluster's sml (legacy: --firecrest-system ...)."
     )
     nodes_per_replica: int | None = Field(default=None, gt=0)
-    served_org: str | None = Field(default=None, description="Middle segment of the served name user/org/name.")
+    served_org: str | None = Field(
+        default=None, description="Middle segment of the served name user/org/name."
+    )
 
     @field_validator("served_org")
     @classmethod
@@ -298,6 +314,9 @@ class ExperimentSpec(Strict):
     capture: CaptureSpec = CaptureSpec()
     slo: SLO = SLO()
     launcher: LauncherSpec = LocalLauncher()
+    profile: ProfileSpec | None = Field(
+        default=None, description="Profile one window of a speculative variant."
+    )
     seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
 
     @field_validator("name")
@@ -313,6 +332,16 @@ class ExperimentSpec(Strict):
             raise ValueError(f"variant names must be unique: {', '.join(dupes)}")
         if not any(v.method == "none" for v in self.variants):
             raise ValueError("needs a plain variant (method: none): every speedup is taken against it")
+        if self.profile is not None:
+            profiled = next((v for v in self.variants if v.name == self.profile.variant), None)
+            if profiled is None:
+                raise ValueError(
+                    f"profile.variant {self.profile.variant!r} is not one of the variants ({', '.join(names)})"
+                )
+            if not profiled.speculative:
+                raise ValueError(
+                    f"profile.variant {self.profile.variant!r} is plain: profile a speculative variant"
+                )
         return self
 
     @property

@@ -22,6 +22,14 @@ def launcher_for(spec: ExperimentSpec) -> Launcher:
         from tasks.launch.endpoint import EndpointLauncher
 
         return EndpointLauncher(settings)
+    if settings.kind == "slurm":
+        from tasks.launch.slurm import SlurmLauncher
+
+        return SlurmLauncher(settings)
+    if settings.kind == "sml":
+        from tasks.launch.sml import SmlLauncher
+
+        return SmlLauncher(settings)
     raise NotImplementedError(f"launcher kind {settings.kind!r}")
 
 
@@ -30,6 +38,10 @@ def _stopper(kind: str):
         return LocalLauncher.stop_leftover
     if kind == "endpoint":
         return lambda entry: "endpoint: nothing was launched"
+    if kind in ("slurm", "sml"):  # both are SLURM jobs: scancel by the recorded job id
+        from tasks.launch.slurm import SlurmLauncher
+
+        return SlurmLauncher.stop_leftover
     raise KeyError(kind)
 
 

@@ -1,0 +1,85 @@
+"""The cell flow: one cell against a server that is already running (an endpoint), outside any campaign.
+
+Useful to measure a shared deployment or a gateway as it is: nothing is launched or torn down. The cell's
+artifact lands in RAW/<campaign_id>/cells/ like a campaign's, so `specgauge ingest` takes it as it comes."""
+
+from __future__ import annotations
+
+from specgauge.prefect_env import configure
+
+configure()
+
+from typing import Any  # noqa: E402
+
+from prefect import flow, get_run_logger  # noqa: E402
+
+from experiments.plan import CellPlan, resolve_repo_path  # noqa: E402
+from experiments.spec import SLO, EndpointLauncher, LoadSpec, Sampling, TargetSpec, Variant  # noqa: E402
+from tasks import campaign as state  # noqa: E402
+from tasks.cell import run_cell  # noqa: E402
+from tasks.health import wait_ready  # noqa: E402
+from tasks.launch.endpoint import EndpointLauncher as Endpoint  # noqa: E402
+from workloads.schema import load_corpus  # noqa: E402
+
+
+@flow(name="cell", flow_run_name="cell-{stratum}-c{concurrency}")
+def cell(
+    model: str,
+    base_url: str | None = None,
+    block: str | None = None,
+    workload: str = "workloads/smoke.jsonl",
+    stratum: str = "chat",
+    concurrency: int | None = 1,
+    rate: float | None = None,
+    requests: int = 16,
+    warmup: int = 2,
+    campaign_id: str = "adhoc",
+    variant: str = "endpoint",
+    temperature: float = 0.0,
+) -> dict[str, Any]:
+    """Measure one cell (closed loop at `concurrency`, or open loop at `rate` requests/s) on an endpoint
+    given by `base_url` or by an EndpointBlock named `block` (which also carries its API key)."""
+    corpus = load_corpus(resolve_repo_path(workload))
+    launcher = Endpoint(EndpointLauncher(base_url=base_url, block=block))
+    directory = state.campaign_dir(campaign_id)
+    deployment_id = state.next_launch_id(directory, f"{campaign_id}.{variant}")
+    deployment = launcher.launch(
+        TargetSpec(model=model, served_model_name=model),
+        Variant(name=variant),
+        deployment_id=deployment_id,
+        directory=directory / "deployments" / deployment_id,
+    )
+    wait_ready(deployment, launcher, timeout_s=120)
+    mode = "open" if rate else "closed"
+    plan = CellPlan(
+        cell_id=f"{variant}.r0.{stratum}." + (f"rate{rate:g}" if rate else f"c{concurrency}"),
+        workload=stratum,
+        mode=mode,
+        concurrency=None if rate else concurrency,
+        rate=rate,
+        corpus_file=workload,
+    )
+    outcome = run_cell(
+        deployment,
+        plan,
+        campaign_id=campaign_id,
+        repeat=0,
+        corpus=corpus,
+        sampling=Sampling(temperature=temperature),
+        load=LoadSpec(
+            concurrencies=(concurrency,) if not rate else (),
+            rates=(rate,) if rate else (),
+            requests=requests,
+            warmup=warmup,
+        ),
+        slo=SLO(),
+        cells_dir=state.cells_dir(directory),
+    )
+    launcher.teardown(deployment)
+    get_run_logger().info("%s: %s (%s)", outcome.cell_id, outcome.status, outcome.path)
+    return {
+        "cell_id": outcome.cell_id,
+        "status": outcome.status,
+        "path": str(outcome.path),
+        "summary": outcome.summary,
+    }
