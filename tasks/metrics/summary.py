@@ -1,0 +1,299 @@
+"""Per-cell math: the request records and `/metrics` deltas of one cell become its summary.json.
+
+Every figure follows the measurement contract (shared facts, metrics.md); docs/design.md lists the
+structure. Only measured requests (`phase == "measured"`) count; latency figures cover the successful ones.
+Percentiles are numpy's default ("linear" interpolation between closest ranks), the same as vLLM's
+`bench serve`, so p99 of [1, 2, 3, 4] is 3.97.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from experiments.spec import SLO
+from tasks.metrics.prometheus import SpecDelta
+
+PERCENTILES = (50, 90, 95, 99)
+
+# Client tokens per chunk vs the server's tokens per decode step (see `_tokens_per_chunk_check`). On the
+# embedded engine the two agreed within 4% (draft model and n-gram, C = 1 and 4); the residue is most
+# likely tokens accepted past max_tokens in a request's last step. Legitimate causes of a larger gap are few
+# and are themselves measurement problems: the server merging several steps into one chunk (a client that
+# reads too slowly, or a proxy), or token counts per chunk that are wrong. Beyond 10% chunk gaps stop
+# being step times, so the check flags it.
+TOKENS_PER_STEP_TOLERANCE = 0.10
+# Client completion tokens vs d(vllm:generation_tokens_total): the same tokens counted twice, so they
+# agree exactly on a clean window (they did on the embedded engine). 2% leaves room for a rare cut stream,
+# whose tokens the server counted but whose usage block the client never got.
+GENERATION_TOKENS_TOLERANCE = 0.02
+
+
+def distribution(values: np.ndarray | list[float]) -> dict[str, float | int | None]:
+    """mean, p50, p90, p95, p99 (numpy, linear interpolation) and n; all None when there are no values."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        return {"mean": None, **{f"p{q}": None for q in PERCENTILES}, "n": 0}
+    points = np.percentile(array, PERCENTILES, method="linear")
+    return {
+        "mean": float(array.mean()),
+        **{f"p{q}": float(v) for q, v in zip(PERCENTILES, points, strict=True)},
+        "n": int(array.size),
+    }
+
+
+def chunk_gaps(ok: pl.DataFrame) -> np.ndarray:
+    """Time between consecutive token-bearing chunks of each request, all requests' gaps pooled."""
+    gaps = ok.select(gap=pl.col("chunk_offsets_s").list.diff().list.slice(1)).explode("gap").drop_nulls()
+    return gaps["gap"].to_numpy()
+
+
+def itl_per_token(ok: pl.DataFrame) -> np.ndarray:
+    """Inter-token latency per token, token-weighted.
+
+    The gap before chunk i (offset[i] - offset[i-1]) is divided by the number of tokens chunk i carries,
+    k_i, and that per-token value is counted k_i times, once for each token that arrived in the chunk. So
+    a 30 ms gap before a 3-token chunk adds three values of 10 ms, and the mean equals the sum of gaps
+    divided by the tokens in every chunk but the first. The first chunk of each request has no gap (its
+    time is TTFT) and adds nothing. Chunks whose token count is unknown or 0 add nothing either.
+    """
+    mismatched = ok.filter(pl.col("chunk_offsets_s").list.len() != pl.col("chunk_tokens").list.len())
+    if mismatched.height:
+        raise ValueError(
+            "request records with chunk_offsets_s and chunk_tokens of different lengths, index "
+            f"{mismatched['index'].to_list()[:10]}"
+        )
+    pairs = (
+        ok.select(
+            gap=pl.col("chunk_offsets_s").list.diff().list.slice(1),
+            tokens=pl.col("chunk_tokens").list.slice(1),
+        )
+        .explode(["gap", "tokens"])
+        .drop_nulls()
+        .filter(pl.col("tokens") > 0)
+    )
+    tokens = pairs["tokens"].to_numpy().astype(np.int64)
+    return np.repeat(pairs["gap"].to_numpy() / tokens, tokens)
+
+
+def _rel_diff(client: float | None, server: float | None) -> float | None:
+    """(client - server) / server: signed, so the direction of a disagreement shows."""
+    if client is None or server is None or server == 0:
+        return None
+    return (client - server) / server
+
+
+def _window_problem(requests: pl.DataFrame, window: tuple[float, float] | None) -> str | None:
+    """Why the server's window would not hold exactly the measured requests' tokens (None: it does)."""
+    if window is None:
+        return "measured window not given: warm-up overlap not checked"
+    start, end = window
+    finished = pl.coalesce("ended_s", "last_token_s", "sent_s")
+    warm_overlap = requests.filter(
+        (pl.col("phase") == "warmup") & (pl.col("sent_s") < end) & (finished > start)
+    ).height
+    measured = requests.filter(pl.col("phase") == "measured")
+    outside = measured.filter((pl.col("sent_s") < start) | (finished > end)).height
+    problems = []
+    if warm_overlap:
+        problems.append(f"{warm_overlap} warm-up request(s) overlap the measured window")
+    if outside:
+        problems.append(f"{outside} measured request(s) ran outside the measured window")
+    return "; ".join(problems) or None
+
+
+def _tokens_per_chunk_check(
+    client_tokens_per_chunk: float | None, spec: SpecDelta | None, tokens: int | None
+) -> dict[str, Any]:
+    """Client tokens per chunk vs the server's mean acceptance length over all decode steps.
+
+    vLLM's mean acceptance length, 1 + accepted / drafts, averages over the steps that carried a draft.
+    A streamed chunk is one decode step of one request whether or not it carried a draft (n-gram lookup
+    often finds none, and each request's first token comes from prefill), so the comparable server figure
+    is tokens per step over all steps: T / (T - accepted), with T the server's generated tokens in the
+    window. It equals the mean acceptance length when every step drafted (measured: draft model 2.03 vs
+    2.03; n-gram 1.43 vs a mean acceptance length of 1.99 and a client figure of 1.42). Both are reported.
+    """
+    out: dict[str, Any] = {
+        "client": client_tokens_per_chunk,
+        "server": None,
+        "rel_diff": None,
+        "ok": None,
+        "mean_acceptance_length": spec.mean_acceptance_length if spec else None,
+        "tolerance": TOKENS_PER_STEP_TOLERANCE,
+        "note": None,
+    }
+    if spec is None:
+        out["note"] = "no speculation counters (plain deployment or no /metrics): not applicable"
+        return out
+    if not tokens or tokens <= spec.accepted_tokens:
+        out["note"] = "no generated tokens beyond accepted ones in the window: tokens per step undefined"
+        return out
+    out["server"] = tokens / (tokens - spec.accepted_tokens)
+    out["rel_diff"] = _rel_diff(client_tokens_per_chunk, out["server"])
+    if out["rel_diff"] is not None:
+        out["ok"] = abs(out["rel_diff"]) <= TOKENS_PER_STEP_TOLERANCE
+    return out
+
+
+def _gauge_summary(
+    gauges: pl.DataFrame | None, window: tuple[float, float] | None, failures: int | None
+) -> dict[str, Any]:
+    frame = gauges if gauges is not None else pl.DataFrame(schema={"t_s": pl.Float64()})
+    if window is not None and frame.height:
+        frame = frame.filter(pl.col("t_s").is_between(window[0], window[1]))
+
+    def stat(column: str, how: str) -> float | int | None:
+        if column not in frame.columns:
+            return None
+        values = frame[column].drop_nulls()
+        if values.is_empty():
+            return None
+        return values.max() if how == "max" else float(values.mean())  # type: ignore[return-value]
+
+    preemptions = None
+    if "preemptions_total" in frame.columns and frame["preemptions_total"].drop_nulls().len() >= 1:
+        seen = frame.sort("t_s")["preemptions_total"].drop_nulls()
+        preemptions = int(seen[-1] - seen[0])
+    return {
+        "kv_cache_usage_max": stat("kv_cache_usage", "max"),
+        "kv_cache_usage_mean": stat("kv_cache_usage", "mean"),
+        "running_max": stat("running", "max"),
+        "waiting_max": stat("waiting", "max"),
+        "preemptions": preemptions,
+        "samples": frame.height,
+        "scrape_failures": failures,
+    }
+
+
+def summarize_cell(
+    requests: pl.DataFrame,
+    *,
+    spec: SpecDelta | None,
+    generation_tokens_delta: int | None,
+    gauges: pl.DataFrame | None,
+    slo: SLO,
+    measured_window: tuple[float, float] | None,
+    server_problem: str | None = None,
+    gauge_scrape_failures: int | None = None,
+) -> dict[str, Any]:
+    """The cell's summary.json (docs/design.md) from its request records and server-side figures.
+
+    `requests` is `tasks.load.records.REQUEST_SCHEMA`, warm-up rows included. `spec` is the speculation
+    delta over the measured window (None for plain), `generation_tokens_delta` is
+    d(vllm:generation_tokens_total) over the same window, `gauges` the sampler's frame, `measured_window`
+    the (before, after) scrape times on the records' clock. `server_problem` (e.g. a CounterReset's
+    message) marks the server side invalid, and the cell failed.
+    """
+    measured = requests.filter(pl.col("phase") == "measured")
+    ok = measured.filter(pl.col("ok").fill_null(False))
+    failed = measured.filter(~pl.col("ok").fill_null(False))
+    total, n_ok = measured.height, ok.height
+
+    start = measured["sent_s"].drop_nulls().to_numpy()
+    end = measured.select(pl.coalesce("ended_s", "last_token_s")).to_series().drop_nulls().to_numpy()
+    wall = float(end.max() - start.min()) if start.size and end.size and end.max() > start.min() else None
+
+    completion_tokens = int(ok["completion_tokens"].fill_null(0).sum())
+    prompt_tokens = int(ok["prompt_tokens"].fill_null(0).sum())
+    chunks = int(ok["chunks"].sum())
+    tokens_per_chunk = completion_tokens / chunks if chunks else None
+
+    errors = failed.group_by(pl.col("error_class").fill_null("unknown")).len().sort("error_class").rows()
+
+    tpot_rows = ok.filter(pl.col("completion_tokens") >= 2)
+    latency = {
+        "ttft": distribution(ok["ttft_s"].drop_nulls().to_numpy()),
+        "tpot": distribution(tpot_rows["tpot_s"].drop_nulls().to_numpy()),
+        "e2e": distribution(ok["e2e_s"].drop_nulls().to_numpy()),
+        "chunk_gap": distribution(chunk_gaps(ok)),
+        "itl_per_token": distribution(itl_per_token(ok)),
+    }
+
+    # Goodput: a request is good when it succeeded, TTFT <= the TTFT SLO and TPOT <= the TPOT SLO. A
+    # request of fewer than 2 tokens has no TPOT and meets that half (as in vLLM's bench). Failures miss.
+    good = ok.filter(
+        (pl.col("ttft_s") <= slo.ttft_p99_s)
+        & ((pl.col("completion_tokens") < 2) | (pl.col("tpot_s") <= slo.tpot_p99_s)).fill_null(False)
+    ).height
+
+    # T for the speculation block: the server's generated tokens in the window when known (the same
+    # window and requests as its accepted count), else the client's measured completion tokens.
+    client_tokens_all = int(measured["completion_tokens"].fill_null(0).sum())
+    tokens = generation_tokens_delta if generation_tokens_delta is not None else client_tokens_all
+    tokens_basis = "server" if generation_tokens_delta is not None else "client"
+    tpot_mean = latency["tpot"]["mean"]
+    speculation = None
+    if spec is not None:
+        steps = tokens - spec.accepted_tokens
+        speculation = {
+            **spec.to_json(),
+            "accepted_per_position": dict(spec.accepted_per_position),
+            "decode_steps": steps,
+            "inferred_step_time_s": (
+                tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None
+            ),
+            "tokens": tokens,
+            "tokens_basis": tokens_basis,
+        }
+
+    window_problem = _window_problem(requests, measured_window)
+    generation_check: dict[str, Any] = {
+        "client": client_tokens_all,
+        "server": generation_tokens_delta,
+        "rel_diff": _rel_diff(client_tokens_all, generation_tokens_delta),
+        "ok": None,
+        "tolerance": GENERATION_TOKENS_TOLERANCE,
+        "note": window_problem,
+    }
+    # Judged unless the window is known to hold other tokens (warm-up overlap, requests outside it).
+    rel = generation_check["rel_diff"]
+    if rel is not None and (measured_window is None or window_problem is None):
+        generation_check["ok"] = abs(rel) <= GENERATION_TOKENS_TOLERANCE
+
+    status, error = "ok", None
+    if total == 0:
+        status, error = "failed", "no measured requests"
+    elif server_problem:
+        status, error = "failed", f"server side invalid: {server_problem}"
+
+    def per_wall(count: int) -> float | None:
+        return count / wall if wall else None
+
+    return {
+        "status": status,
+        "error": error,
+        "requests": {
+            "total": total,
+            "ok": n_ok,
+            "failed": failed.height,
+            "success_rate": n_ok / total if total else None,
+            "errors": dict(errors),
+        },
+        "wall_s": wall,
+        "measured_window_s": list(measured_window) if measured_window else None,
+        "output_throughput_tok_s": per_wall(completion_tokens),
+        "request_throughput_rps": per_wall(n_ok),
+        "completion_tokens": completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "latency_s": latency,
+        "tokens_per_chunk_mean": tokens_per_chunk,
+        "tokens_exact": bool(n_ok) and bool(ok["tokens_exact"].fill_null(False).all()),
+        "goodput": {
+            "ttft_slo_s": slo.ttft_p99_s,
+            "tpot_slo_s": slo.tpot_p99_s,
+            "good": good,
+            "share": good / total if total else None,
+            "rate_rps": per_wall(good),
+        },
+        "speculation": speculation,
+        "cross_checks": {
+            "tokens_per_chunk_vs_acceptance_length": _tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
+            "completion_tokens_vs_generation_tokens": generation_check,
+        },
+        "gauges": _gauge_summary(gauges, measured_window, gauge_scrape_failures),
+        "server_valid": server_problem is None,
+        "server_problem": server_problem,
+    }
