@@ -1,0 +1,315 @@
+"""`specgauge ingest`, `specgauge warehouse rebuild|migrate|info` and `specgauge sql`: the warehouse CLI.
+
+Thin shells over warehouse.ingest and warehouse.db. Expected failures (a missing database, bad SQL, a busy
+writer, a broken migration) print one clear line on stderr and exit non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+DbOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--db",
+        help="DuckDB warehouse file. Default: SPECGAUGE_WAREHOUSE, else SPECGAUGE_HOME/warehouse.duckdb.",
+        dir_okay=False,
+    ),
+]
+LockTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--lock-timeout",
+        help="Seconds to wait for another writer to finish before giving up (default: wait as long as it takes).",
+    ),
+]
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _say_waiting(message: str) -> None:
+    err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+def _expected_errors() -> tuple[type[Exception], ...]:
+    from specgauge.errors import SpecgaugeError
+
+    return (SpecgaugeError,)
+
+
+# ------------------------------------------------------------------------------------------------- ingest
+
+
+def ingest(
+    raw_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Raw artifact folder: RAW (every campaign under it) or one RAW/<campaign_id>. "
+            "Default: SPECGAUGE_HOME/raw.",
+            file_okay=False,
+        ),
+    ] = None,
+    db: DbOption = None,
+    lock_timeout: LockTimeout = None,
+) -> None:
+    """Load raw artifacts (campaigns, deployments, cells, captures) into the warehouse.
+
+    Idempotent: artifacts already ingested with the same content are skipped. An artifact that cannot be
+    read or fails validation is quarantined (listed here and in the `quarantine` table) and the others
+    still load. Exit code 0 when everything loaded or was already there, 1 when something was quarantined
+    or an immutable artifact changed, 2 on other errors. A second writer waits for the first and says so.
+    """
+    from warehouse.ingest import ingest_raw
+
+    try:
+        report = ingest_raw(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
+    except _expected_errors() as exc:
+        raise _fail(str(exc)) from None
+    _print_report(report)
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
+def _print_report(report) -> None:
+    table = Table(title=f"ingest {report.raw_dir} -> {report.db_path}", title_justify="left")
+    actions = ("inserted", "updated", "skipped", "quarantined", "changed")
+    table.add_column("artifact")
+    for action in actions:
+        table.add_column(action, justify="right")
+    for kind, counts in report.counts().items():
+        table.add_row(kind, *[str(counts.get(a, 0)) for a in actions])
+    console.print(table)
+    rows = ", ".join(f"{t} {n:,}" for t, n in sorted(report.rows_by_table.items()) if n)
+    console.print(f"rows written: {rows or 'none'}; {report.seconds:.2f} s", highlight=False)
+    for outcome in report.quarantined:
+        err_console.print(f"[red]quarantined[/red] {outcome.message}", highlight=False, soft_wrap=True)
+    for outcome in report.errors:
+        err_console.print(f"[red]changed[/red] {outcome.message}", highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------- warehouse
+
+warehouse_app = typer.Typer(
+    help="The DuckDB warehouse: rebuild it from raw artifacts, migrate its schema, show what it holds.",
+    no_args_is_help=True,
+)
+
+
+@warehouse_app.command("rebuild")
+def rebuild(
+    raw_dir: Annotated[
+        Path | None,
+        typer.Option("--raw", help="Raw artifact folder (default: SPECGAUGE_HOME/raw).", file_okay=False),
+    ] = None,
+    db: DbOption = None,
+    lock_timeout: LockTimeout = None,
+) -> None:
+    """Recreate the warehouse from raw artifacts (the source of truth).
+
+    Builds a new database in a temporary file beside the old one, then swaps it in atomically; queries
+    give the same results as before. Holds the writer lock throughout; readers keep working meanwhile.
+    """
+    from warehouse.ingest import rebuild as rebuild_db
+
+    try:
+        report = rebuild_db(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
+    except _expected_errors() as exc:
+        raise _fail(str(exc)) from None
+    _print_report(report)
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
+@warehouse_app.command("migrate")
+def migrate(db: DbOption = None, lock_timeout: LockTimeout = None) -> None:
+    """Apply pending schema migrations (warehouse/migrations/NNNN_*.sql), each in its own transaction."""
+    from warehouse.db import default_path, schema_version, writer
+    from warehouse.db import migrate as apply
+
+    path = db or default_path()
+    try:
+        with writer(path, timeout_s=lock_timeout, on_wait=_say_waiting, migrate_schema=False) as con:
+            done = apply(con)
+            version = schema_version(con)
+    except _expected_errors() as exc:
+        raise _fail(str(exc)) from None
+    for migration in done:
+        console.print(f"applied {migration.label}", highlight=False)
+    console.print(
+        f"{path}: schema version {version:04d}" + ("" if done else " (up to date)"), highlight=False
+    )
+
+
+@warehouse_app.command("info")
+def info(db: DbOption = None) -> None:
+    """Schema version, pending migrations, row counts per table and view, and the snapshot readers use."""
+    from warehouse.db import (
+        applied_migrations,
+        available_migrations,
+        default_path,
+        reader,
+        snapshot_path,
+    )
+
+    path = db or default_path()
+    try:
+        with reader(path, on_wait=_say_waiting) as con:
+            applied = applied_migrations(con)
+            objects = con.execute(
+                "SELECT table_name, table_type FROM information_schema.tables "
+                "WHERE table_schema = 'main' ORDER BY table_type, table_name"
+            ).fetchall()
+            counts = {
+                name: con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name, _ in objects
+            }
+    except _expected_errors() as exc:
+        raise _fail(str(exc)) from None
+    pending = [m.label for m in available_migrations() if m.version not in applied]
+    version = max(applied) if applied else 0
+    console.print(f"warehouse {path}: {path.stat().st_size / 1e6:.1f} MB", highlight=False)
+    console.print(
+        f"schema version {version:04d} ({', '.join(f'{v:04d}_{n}' for v, (n, _) in sorted(applied.items()))})"
+        + (f"; pending: {', '.join(pending)} (run `specgauge warehouse migrate`)" if pending else ""),
+        highlight=False,
+    )
+    snap = snapshot_path(path)
+    if snap.exists():
+        console.print(f"reader snapshot {snap} (as of the last write)", highlight=False)
+    table = Table("name", "kind", "rows")
+    for name, kind in objects:
+        table.add_row(name, "view" if kind == "VIEW" else "table", f"{counts[name]:,}")
+    console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------------- sql
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help='SQL to run, e.g. "SELECT * FROM v_speedup".')],
+    db: DbOption = None,
+    output_format: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table: a rich table on the terminal; csv: a header line, then rows; json: an array of "
+            "objects; parquet: a file (needs --output).",
+        ),
+    ] = OutputFormat.table,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Write the result to this file instead of stdout (parquet needs it).",
+            dir_okay=False,
+        ),
+    ] = None,
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", help="Rows shown by --format table (the rest are counted).", min=1)
+    ] = 200,
+) -> None:
+    """Query the warehouse read-only (tables, and views such as v_cells, v_speedup, v_acceptance, v_capacity).
+
+    Reads the snapshot the last writer left, so a query never blocks a running ingest and sees the
+    warehouse as of the last finished write (it waits only if no write has ever finished).
+    """
+    import duckdb
+
+    from warehouse.db import reader
+
+    if output_format is OutputFormat.parquet and output is None:
+        raise _fail("--format parquet writes a file: give --output FILE")
+    try:
+        with reader(db, on_wait=_say_waiting) as con:
+            try:
+                relation = con.sql(query)
+                if relation is None:
+                    err_console.print("(statement ran; it returns no rows)")
+                    return
+                if output_format is OutputFormat.parquet:
+                    relation.write_parquet(str(output))
+                    written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(output)]).fetchone()[0]
+                    err_console.print(f"wrote {written:,} rows to {output}", highlight=False)
+                    return
+                if output_format is OutputFormat.csv:
+                    relation = _nested_as_json(con, relation)
+                types = [str(t) for t in relation.types]
+                frame = relation.pl()
+            except duckdb.Error as exc:
+                hint = " (specgauge sql is read-only)" if "read-only" in str(exc) else ""
+                raise _fail(f"SQL error: {exc}{hint}", code=1) from None
+    except _expected_errors() as exc:
+        raise _fail(str(exc)) from None
+    if output_format is OutputFormat.table:
+        _print_table(frame, types, max_rows)
+    elif output_format is OutputFormat.csv:
+        _emit(frame.write_csv(), output)
+    else:
+        _emit(frame.write_json() + "\n", output)
+
+
+def _nested_as_json(con, relation):
+    """CSV cells cannot hold lists or structs: write those as JSON text."""
+    nested = [
+        name
+        for name, dtype in zip(relation.columns, relation.types, strict=True)
+        if any(mark in str(dtype) for mark in ("[]", "STRUCT", "MAP", "UNION")) or str(dtype).endswith("]")
+    ]
+    if not nested:
+        return relation
+    replaced = ", ".join(f'to_json("{c}")::VARCHAR AS "{c}"' for c in nested)
+    return relation.select(f"* REPLACE ({replaced})")
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        output.write_text(text)
+        err_console.print(f"wrote {output}", highlight=False)
+
+
+def _print_table(frame, types: list[str], max_rows: int) -> None:
+    table = Table(*[f"{name}\n[dim]{dtype}[/dim]" for name, dtype in zip(frame.columns, types, strict=True)])
+    for row in frame.head(max_rows).iter_rows():
+        table.add_row(*["[dim]null[/dim]" if v is None else _cell(v) for v in row])
+    console.print(table)
+    more = frame.height - min(frame.height, max_rows)
+    tail = f" ({more:,} not shown: raise --max-rows or use --format csv)" if more else ""
+    err_console.print(f"{frame.height:,} row{'s' if frame.height != 1 else ''}{tail}", highlight=False)
+
+
+def _cell(value: object) -> str:
+    from rich.markup import escape
+
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return escape(str(value))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ingest")(ingest)
+    app.command("sql")(sql)
+    app.add_typer(warehouse_app, name="warehouse")

@@ -1,0 +1,72 @@
+"""The Prefect face of warehouse ingest: a thin task over warehouse.ingest.ingest_raw.
+
+It retries only lock contention (WarehouseBusy: another writer kept the warehouse past `lock_timeout_s`);
+a quarantined artifact is not an error of the task (it is in the report and the quarantine table), and
+anything else fails at once. Flows that write should also hold the global concurrency limit
+WRITER_LIMIT_NAME (limit 1) around this task.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+
+from warehouse.errors import WarehouseBusy
+from warehouse.ingest import IngestReport, ingest_raw
+from warehouse.lock import WRITER_LIMIT_NAME
+
+__all__ = ["WRITER_LIMIT_NAME", "ingest_task", "only_lock_contention", "run_ingest"]
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("specgauge.warehouse")
+
+
+def only_lock_contention(task, task_run, state) -> bool:
+    """Retry when, and only when, the task failed because another writer held the warehouse."""
+    try:
+        state.result(raise_on_failure=True)
+    except WarehouseBusy:
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+def run_ingest(
+    raw_dir: Path | str | None = None,
+    db_path: Path | str | None = None,
+    *,
+    lock_timeout_s: float | None = 300.0,
+) -> IngestReport:
+    """ingest_raw with its waiting and its outcome logged (to the Prefect run log inside a run)."""
+    logger = _logger()
+    report = ingest_raw(raw_dir, db_path, lock_timeout_s=lock_timeout_s, on_wait=logger.warning)
+    counts = "; ".join(f"{kind}: {dict(c)}" for kind, c in report.counts().items())
+    logger.info("ingested %s into %s in %.2f s (%s)", report.raw_dir, report.db_path, report.seconds, counts)
+    for outcome in report.quarantined:
+        logger.warning("quarantined %s", outcome.message)
+    for outcome in report.errors:
+        logger.error("%s", outcome.message)
+    return report
+
+
+@task(
+    name="ingest-raw",
+    retries=3,
+    retry_delay_seconds=[10, 30, 60],
+    retry_condition_fn=only_lock_contention,
+)
+def ingest_task(
+    raw_dir: str | None = None, db_path: str | None = None, lock_timeout_s: float | None = 300.0
+) -> dict[str, Any]:
+    """Ingest raw artifacts into the warehouse; returns the report as a dict (counts, rows, quarantined)."""
+    return run_ingest(raw_dir, db_path, lock_timeout_s=lock_timeout_s).as_dict()

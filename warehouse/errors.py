@@ -1,0 +1,48 @@
+"""Warehouse errors, catchable by meaning. Each says which file, artifact or lock is concerned."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specgauge.errors import ArtifactError, SpecgaugeError
+
+
+class WarehouseError(SpecgaugeError):
+    """Something about the DuckDB warehouse itself (missing, locked, schema)."""
+
+
+class WarehouseMissing(WarehouseError):
+    """No warehouse file where one was expected."""
+
+
+class WarehouseBusy(WarehouseError):
+    """Another process writes the warehouse and did not finish in time. Transient: a retry may help."""
+
+
+class MigrationError(WarehouseError):
+    """A migration file is malformed, failed to apply, or was edited after it was applied."""
+
+
+class ArtifactChanged(ArtifactError):
+    """An immutable raw artifact's content differs from what the warehouse ingested under the same key."""
+
+
+class ArtifactInvalid(ArtifactError):
+    """A raw artifact that cannot be read or fails validation: it is quarantined, never half-loaded.
+
+    `file` is the artifact file concerned (e.g. requests.parquet), `column` the column or JSON field,
+    `rows` a few failing row indices (0-based, within that file).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        file: str | None = None,
+        column: str | None = None,
+        rows: Sequence[int] = (),
+    ) -> None:
+        self.reason, self.file, self.column, self.rows = reason, file, column, list(rows)
+        where = ": ".join(x for x in (file, f"column {column}" if column else None) if x)
+        shown = f" (rows {', '.join(str(r) for r in self.rows)})" if self.rows else ""
+        super().__init__(f"{where}: {reason}{shown}" if where else f"{reason}{shown}")

@@ -1,0 +1,904 @@
+"""Raw artifacts into the warehouse: idempotent, validated, never half-written.
+
+`ingest_raw(raw_dir, db_path)` walks RAW/<campaign_id>/ and hands each artifact to its kind (campaign,
+deployment, cell, capture; others register theirs with `register_kind`). For every artifact:
+
+1. its key derives from its place in the raw tree (campaign_id, deployment_id, `<campaign_id>/<cell dir>`,
+   `<campaign_id>/<capture_id>`), its sha256 from its files (warehouse.raw.artifact_sha256);
+2. the same key with the same hash already in the warehouse: skipped (ingesting twice changes nothing);
+   the same key with another hash: an error for immutable artifacts (cells, captures), an update for the
+   living records (campaign.json and deployment.json are rewritten as a campaign progresses);
+3. its files are read into frames and validated with the pandera models, a batch of artifacts at once;
+4. an artifact that cannot be read or fails validation is quarantined (table `quarantine`: file, column,
+   a few failing rows, the reason) and nothing of it is written; the others load;
+5. valid artifacts are written whole inside one transaction (their rows, their child rows, their ingest_log
+   rows): a batch of artifacts per transaction by default, because a commit costs milliseconds and cells
+   are many and small (`per_artifact=True`: one transaction each). No artifact is ever half in the
+   warehouse, even if the process dies mid-ingest.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from queue import Full, Queue
+from typing import Any
+
+import duckdb
+import pandera.errors
+import polars as pl
+
+from specgauge.errors import ArtifactError
+from specgauge.settings import get_settings
+from warehouse import raw
+from warehouse.db import default_path, replacing, writer
+from warehouse.errors import ArtifactInvalid
+from warehouse.lock import WaitCallback
+from warehouse.models import MODELS
+
+# before_commit(kind, keys) runs inside a write transaction, right before COMMIT (tests inject crashes there).
+BeforeCommit = Callable[[str, list[str]], None]
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """One raw artifact found in the tree."""
+
+    kind: str
+    key: str
+    path: Path  # the artifact's directory (or its single file's directory)
+    source_path: str  # relative to the raw root, as recorded in the warehouse
+    campaign_id: str
+    name: str  # the artifact's own name: its directory (or file stem)
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """How to find, hash, read and store one kind of raw artifact.
+
+    `frames(ref, files, sha256)` returns {table: frame or list of row dicts} for the tables this artifact
+    fills; `table` gets its single main row (key column `key_column`, plus `sha256` and `source_path`), and
+    every table's rows carry `key_column`. Each table needs a pandera model in warehouse.models.MODELS.
+    """
+
+    name: str
+    table: str
+    key_column: str
+    discover: Callable[[Path, str], Iterable[ArtifactRef]]  # (campaign dir, raw root-relative prefix)
+    frames: Callable[[ArtifactRef, raw.Files, str], dict[str, raw.Part]]
+    child_tables: tuple[str, ...] = ()
+    immutable: bool = True
+    # The files hashed and read: names, a function of the ref giving names (several single-file artifacts
+    # in one folder), or None: every regular file in the artifact's directory.
+    files: tuple[str, ...] | Callable[[ArtifactRef], Sequence[str]] | None = None
+    order: int = 100
+
+
+KINDS: dict[str, ArtifactKind] = {}
+
+
+def register_kind(kind: ArtifactKind) -> ArtifactKind:
+    """Add (or replace) an artifact kind; its tables' pandera models go in warehouse.models.MODELS."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+# Modules that register further kinds when imported (gate verdicts, profiles). Add yours here.
+KIND_MODULES: list[str] = ["warehouse.ingest_gate"]
+
+
+def _load_kind_modules() -> None:
+    import importlib
+
+    for module in KIND_MODULES:
+        importlib.import_module(module)
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Outcome:
+    kind: str
+    key: str
+    action: str  # inserted | updated | skipped | quarantined | changed
+    rows: int = 0
+    message: str = ""
+    source_path: str = ""
+
+
+@dataclass
+class IngestReport:
+    raw_dir: Path
+    db_path: Path
+    ingest_id: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    rows_by_table: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def quarantined(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.action == "quarantined"]
+
+    @property
+    def errors(self) -> list[Outcome]:
+        """Immutable artifacts whose content changed after they were ingested."""
+        return [o for o in self.outcomes if o.action == "changed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.quarantined and not self.errors
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_by_table.values())
+
+    def counts(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {}
+        for o in self.outcomes:
+            out.setdefault(o.kind, Counter())[o.action] += 1
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "raw_dir": str(self.raw_dir),
+            "db_path": str(self.db_path),
+            "ingest_id": self.ingest_id,
+            "seconds": round(self.seconds, 3),
+            "counts": {k: dict(v) for k, v in self.counts().items()},
+            "rows": dict(self.rows_by_table),
+            "quarantined": [f"{o.source_path}: {o.message}" for o in self.quarantined],
+            "errors": [f"{o.source_path}: {o.message}" for o in self.errors],
+        }
+
+
+# ------------------------------------------------------------------------------------------------ the walk
+
+
+def ingest_raw(
+    raw_dir: Path | str | None = None,
+    db_path: Path | str | None = None,
+    *,
+    before_commit: BeforeCommit | None = None,
+    lock_timeout_s: float | None = None,
+    on_wait: WaitCallback | None = None,
+    per_artifact: bool = False,
+) -> IngestReport:
+    """Ingest every artifact under `raw_dir` (default: the settings' raw dir; a single campaign directory
+    works too) into the warehouse at `db_path` (default: the settings' warehouse). Takes the writer lock
+    (waiting up to `lock_timeout_s`, saying so through `on_wait`). `per_artifact`: one transaction per
+    artifact instead of per batch."""
+    raw_root = Path(raw_dir) if raw_dir is not None else get_settings().raw_dir
+    target = Path(db_path) if db_path is not None else default_path()
+    if not raw_root.is_dir():
+        raise ArtifactError(f"no raw artifacts at {raw_root} (not a directory)")
+    with writer(target, timeout_s=lock_timeout_s, on_wait=on_wait) as con:
+        return ingest_tree(
+            con, raw_root, db_path=target, before_commit=before_commit, per_artifact=per_artifact
+        )
+
+
+def rebuild(
+    raw_dir: Path | str | None = None,
+    db_path: Path | str | None = None,
+    *,
+    lock_timeout_s: float | None = None,
+    on_wait: WaitCallback | None = None,
+) -> IngestReport:
+    """Recreate the warehouse from raw artifacts: built in a temporary file, then swapped in atomically."""
+    raw_root = Path(raw_dir) if raw_dir is not None else get_settings().raw_dir
+    target = Path(db_path) if db_path is not None else default_path()
+    if not raw_root.is_dir():
+        raise ArtifactError(f"no raw artifacts at {raw_root}: nothing to rebuild from")
+    with replacing(target, timeout_s=lock_timeout_s, on_wait=on_wait) as con:
+        return ingest_tree(con, raw_root, db_path=target)
+
+
+def campaign_dirs(raw_dir: Path) -> list[Path]:
+    """RAW/<campaign_id>/ folders; `raw_dir` itself when it is one campaign (has campaign.json)."""
+    if (raw_dir / "campaign.json").exists():
+        return [raw_dir]
+    return sorted(p for p in raw_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def ingest_tree(
+    con: duckdb.DuckDBPyConnection,
+    raw_dir: Path,
+    *,
+    db_path: Path | None = None,
+    before_commit: BeforeCommit | None = None,
+    per_artifact: bool = False,
+) -> IngestReport:
+    """Ingest a raw tree through an open, migrated, writable connection (the caller holds the writer)."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise ArtifactError(f"no raw artifacts at {raw_dir} (not a directory)")
+    _load_kind_modules()
+    report = IngestReport(raw_dir=raw_dir, db_path=db_path or Path("?"), ingest_id=uuid.uuid4().hex[:12])
+    started = time.perf_counter()
+    kinds = sorted(KINDS.values(), key=lambda k: (k.order, k.name))
+    for campaign_dir in campaign_dirs(raw_dir):
+        for kind in kinds:
+            refs = list(kind.discover(campaign_dir, campaign_dir.name))
+            report.outcomes += ingest_artifacts(
+                con,
+                kind,
+                refs,
+                ingest_id=report.ingest_id,
+                before_commit=before_commit,
+                report=report,
+                per_artifact=per_artifact,
+            )
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# --------------------------------------------------------------------------------------- one kind, batched
+
+
+@dataclass
+class _Item:
+    ref: ArtifactRef
+    sha256: str
+    parts: dict[str, raw.Part]
+    replacing: bool
+    was_quarantined: bool
+    started: float
+    rows: int = 0  # rows written (known once validated)
+    size: int = 0  # about the rows it brings to its batch (parquet files on disk: estimated from bytes)
+
+    def __post_init__(self) -> None:
+        for part in self.parts.values():
+            if isinstance(part, raw.ParquetPart):
+                self.size += part.size // 250  # about the rows of a requests file
+            else:
+                self.size += part.height if isinstance(part, pl.DataFrame) else len(part)
+
+
+def ingest_artifacts(
+    con: duckdb.DuckDBPyConnection,
+    kind: ArtifactKind,
+    refs: list[ArtifactRef],
+    *,
+    ingest_id: str | None = None,
+    before_commit: BeforeCommit | None = None,
+    report: IngestReport | None = None,
+    batch_rows: int = 200_000,
+    batch_artifacts: int = 512,
+    per_artifact: bool = False,
+) -> list[Outcome]:
+    """Ingest artifacts of one kind through a writer connection.
+
+    Artifacts are read, then validated and written a batch at a time (up to `batch_artifacts` artifacts or
+    `batch_rows` rows): one pandera call per table, one INSERT per table, one transaction per batch. Each
+    transaction holds only whole, validated artifacts, so an artifact is entirely in the warehouse or not
+    at all. `per_artifact=True` gives every artifact its own transaction (slower: see
+    benchmarks/warehouse_bench.py).
+    """
+    if not refs:
+        return []
+    ingest_id = ingest_id or uuid.uuid4().hex[:12]
+    keys = [r.key for r in refs]
+    known = dict(
+        con.execute(
+            f"SELECT {kind.key_column}, sha256 FROM {kind.table} WHERE {kind.key_column} = ANY(?)", [keys]
+        ).fetchall()
+    )
+    quarantined = {
+        key: (sha, reason)
+        for key, sha, reason in con.execute(
+            "SELECT artifact_key, sha256, reason FROM quarantine WHERE kind = ? AND artifact_key = ANY(?)",
+            [kind.name, keys],
+        ).fetchall()
+    }
+    limit_rows, limit_artifacts = (1, 1) if per_artifact else (batch_rows, batch_artifacts)
+    batches = _prepared(kind, refs, known, quarantined, limit_rows, limit_artifacts)
+    outcomes: list[Outcome] = []
+    # Reading and validating the next batch (polars, pandera) overlaps writing this one (DuckDB): both
+    # release the GIL for their heavy work.
+    for batch in _prefetch(batches):
+        outcomes += batch.decided
+        for ref, old, new in batch.changed:
+            outcomes.append(_changed(con, kind, ref, old, new, ingest_id))
+        for ref, sha, problem in batch.invalid:
+            outcomes.append(_quarantine(con, kind, ref, sha, problem, ingest_id))
+        if batch.items:
+            outcomes += _write(con, kind, batch.items, batch.frames, ingest_id, before_commit, report)
+    return outcomes
+
+
+@dataclass
+class _Batch:
+    decided: list[Outcome] = field(default_factory=list)  # skipped, or quarantined before and unchanged
+    changed: list[tuple[ArtifactRef, str, str]] = field(default_factory=list)  # (ref, old sha, new sha)
+    invalid: list[tuple[ArtifactRef, str | None, ArtifactInvalid]] = field(default_factory=list)
+    items: list[_Item] = field(default_factory=list)  # read and validated: to write
+    frames: dict[str, pl.DataFrame] = field(default_factory=dict)  # their validated rows, by table
+    rows: int = 0
+
+
+def _prepared(
+    kind: ArtifactKind,
+    refs: list[ArtifactRef],
+    known: dict[str, str],
+    quarantined: dict[str, tuple[str | None, str]],
+    limit_rows: int,
+    limit_artifacts: int,
+) -> Iterator[_Batch]:
+    """Read, hash, decide and validate artifacts, a batch at a time. No database access: runs in a thread."""
+    batch = _Batch()
+    for ref in refs:
+        started = time.perf_counter()
+        sha: str | None = None
+        try:
+            files = _read(kind, ref)
+            sha = raw.artifact_sha256(files)
+            if ref.key in known and known[ref.key] == sha:
+                batch.decided.append(Outcome(kind.name, ref.key, "skipped", source_path=ref.source_path))
+                continue
+            if ref.key in known and kind.immutable:
+                batch.changed.append((ref, known[ref.key], sha))
+                continue
+            if ref.key in quarantined and quarantined[ref.key][0] == sha:
+                batch.decided.append(_still_quarantined(kind, ref, quarantined[ref.key][1]))
+                continue
+            parts = _frames(kind, ref, files, sha)
+        except ArtifactInvalid as exc:
+            if ref.key in quarantined and quarantined[ref.key][0] == sha:
+                batch.decided.append(_still_quarantined(kind, ref, quarantined[ref.key][1]))
+            else:
+                batch.invalid.append((ref, sha, exc))
+            continue
+        item = _Item(ref, sha, parts, ref.key in known, ref.key in quarantined, started)
+        batch.items.append(item)
+        batch.rows += item.size
+        if batch.rows >= limit_rows or len(batch.items) >= limit_artifacts:
+            yield _validated(kind, batch)
+            batch = _Batch()
+    if batch.items or batch.decided or batch.changed or batch.invalid:
+        yield _validated(kind, batch)
+
+
+_DONE = object()
+
+
+def _prefetch(batches: Iterator[_Batch]) -> Iterator[_Batch]:
+    """Iterate `batches`, preparing the next one in a background thread while the caller works."""
+    queue: Queue[object] = Queue(maxsize=1)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():  # the consumer may have stopped (an exception): never block on it
+            try:
+                queue.put(item, timeout=0.2)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not offer(batch):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer(exc)
+            return
+        offer(_DONE)
+
+    thread = threading.Thread(target=produce, name="warehouse-ingest-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _frames(kind: ArtifactKind, ref: ArtifactRef, files: raw.Files, sha: str) -> dict[str, raw.Part]:
+    try:
+        return kind.frames(ref, files, sha)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # JSON of an unexpected shape that the reader did not foresee: the artifact's fault, quarantine it
+        raise ArtifactInvalid(f"could not read it: {type(exc).__name__}: {exc}") from exc
+
+
+def _read(kind: ArtifactKind, ref: ArtifactRef) -> raw.Files:
+    try:
+        names = kind.files(ref) if callable(kind.files) else kind.files
+        return raw.read_files(ref.path, names)
+    except FileNotFoundError:
+        raise ArtifactInvalid("artifact directory vanished while reading") from None
+
+
+def _validated(kind: ArtifactKind, batch: _Batch) -> _Batch:
+    """Validate a batch table by table; move the artifacts that fail to `invalid`, keep the rest's rows."""
+    failures: dict[str, ArtifactInvalid] = {}
+    frames: dict[str, pl.DataFrame] = {}
+    items = batch.items
+    tables = [kind.table, *sorted({t for item in items for t in item.parts} - {kind.table})]
+    for table in tables:
+        members = [i for i in items if table in i.parts and i.ref.key not in failures]
+        frames[table], bad = _validate_table(kind, table, members)
+        failures.update(bad)
+    if failures:  # an artifact failing in one table leaves every table
+        failed = list(failures)
+        frames = {t: f.filter(~pl.col(kind.key_column).is_in(failed)) for t, f in frames.items()}
+        batch.invalid += [(i.ref, i.sha256, failures[i.ref.key]) for i in items if i.ref.key in failures]
+        batch.items = [i for i in items if i.ref.key not in failures]
+    keys = [f.get_column(kind.key_column) for f in frames.values() if f.height]
+    rows = dict(pl.concat(keys).value_counts().iter_rows()) if keys else {}
+    for item in batch.items:
+        item.parts = {}  # the validated rows are in `frames` now
+        item.rows = rows.get(item.ref.key, 0)
+    batch.frames = frames
+    return batch
+
+
+def _validate_table(
+    kind: ArtifactKind, table: str, items: list[_Item]
+) -> tuple[pl.DataFrame, dict[str, ArtifactInvalid]]:
+    """One pandera call over the batch's rows for `table`. Failing rows are traced to their artifact by
+    its key column; failures that name no row (a column of the wrong type) are found artifact by artifact."""
+    model = MODELS[table]
+    bad: dict[str, ArtifactInvalid] = {}
+    pieces: list[tuple[_Item, pl.DataFrame]] = []
+    on_disk = [i for i in items if isinstance(i.parts[table], raw.ParquetPart)]
+    results = raw.read_parquet_parts(table, [i.parts[table] for i in on_disk])
+    read: dict[str, pl.DataFrame | ArtifactInvalid] = dict(
+        zip((i.ref.key for i in on_disk), results, strict=True)
+    )
+    read |= _rows_together(table, [i for i in items if isinstance(i.parts[table], list)])
+    for item in items:
+        if item.ref.key in read:
+            result = read[item.ref.key]
+            if isinstance(result, ArtifactInvalid):
+                bad[item.ref.key] = result
+            else:
+                pieces.append((item, result))
+            continue
+        try:
+            pieces.append((item, raw.to_frame(table, item.parts[table])))
+        except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError) as exc:
+            bad[item.ref.key] = ArtifactInvalid(
+                f"cannot make rows: {exc}", file=_TABLE_FILES.get(table, table)
+            )
+    pieces = [(i, f) for i, f in pieces if f.height]
+    if not pieces:
+        return pl.DataFrame(schema=raw.table_schema(table)) if table in MODELS else pl.DataFrame(), bad
+    try:
+        combined = (
+            pl.concat([f for _, f in pieces], how="vertical_relaxed") if len(pieces) > 1 else pieces[0][1]
+        )
+    except pl.exceptions.PolarsError:
+        return _validate_each(table, pieces, bad)
+    try:
+        return model.validate(combined, lazy=True), bad
+    except pandera.errors.SchemaErrors as exc:
+        cases = exc.failure_cases
+        if cases.get_column("index").null_count():
+            return _validate_each(table, pieces, bad)
+        offsets, start = {}, 0
+        for item, frame in pieces:
+            offsets[item.ref.key] = start
+            start += frame.height
+        key_of_row = combined.get_column(kind.key_column)
+        cases = cases.with_columns(
+            pl.Series("_key", [key_of_row[int(i)] for i in cases.get_column("index")], dtype=pl.String)
+        )
+        for key, group in cases.group_by("_key", maintain_order=True):
+            bad[str(key[0])] = _explain(group, table, offsets[str(key[0])])
+        keep = [(i, f) for i, f in pieces if i.ref.key not in bad]
+        if not keep:
+            return pl.DataFrame(schema=combined.schema), bad
+        try:
+            return model.validate(pl.concat([f for _, f in keep], how="vertical_relaxed"), lazy=True), bad
+        except (pandera.errors.SchemaErrors, pandera.errors.SchemaError, pl.exceptions.PolarsError):
+            return _validate_each(table, keep, bad)
+    except (pandera.errors.SchemaError, pl.exceptions.PolarsError):
+        return _validate_each(table, pieces, bad)
+
+
+def _rows_together(table: str, items: list[_Item]) -> dict[str, pl.DataFrame]:
+    """The row dicts of many artifacts as one frame (one construction, not one per artifact), sliced back
+    per artifact. If that fails, returns nothing: each artifact is then built, and judged, alone."""
+    if len(items) < 2:
+        return {}
+    try:
+        frame = raw.to_frame(table, [row for item in items for row in item.parts[table]])
+    except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError):
+        return {}
+    out, offset = {}, 0
+    for item in items:
+        n = len(item.parts[table])
+        out[item.ref.key] = frame.slice(offset, n)
+        offset += n
+    return out
+
+
+def _validate_each(
+    table: str, pieces: list[tuple[_Item, pl.DataFrame]], bad: dict[str, ArtifactInvalid]
+) -> tuple[pl.DataFrame, dict[str, ArtifactInvalid]]:
+    model = MODELS[table]
+    good: list[pl.DataFrame] = []
+    for item, frame in pieces:
+        try:
+            good.append(model.validate(frame, lazy=True))
+        except pandera.errors.SchemaErrors as exc:
+            bad[item.ref.key] = _explain(exc.failure_cases, table, 0)
+        except (pandera.errors.SchemaError, pl.exceptions.PolarsError) as exc:
+            bad[item.ref.key] = ArtifactInvalid(str(exc).splitlines()[0], file=_TABLE_FILES.get(table, table))
+    if not good:
+        return pl.DataFrame(schema=raw.table_schema(table)), bad
+    return pl.concat(good, how="vertical_relaxed"), bad
+
+
+_TABLE_FILES = {
+    "requests": "requests.parquet",
+    "gauges": "gauges.parquet",
+    "cells": "meta.json/summary.json",
+    "spec_decode": "summary.json",
+    "spec_decode_positions": "summary.json",
+    "campaigns": "campaign.json",
+    "deployments": "deployment.json",
+    "captures": "meta.json",
+    "capture_outputs": "outputs.parquet",
+}
+
+
+def _explain(cases: pl.DataFrame, table: str, offset: int) -> ArtifactInvalid:
+    """The first failing check as a quarantine reason: file, column, check, a few rows (within the file)."""
+    first = cases.row(0, named=True)
+    column, check = first.get("column"), str(first.get("check"))
+    same = cases.filter((pl.col("column") == column) & (pl.col("check") == check))
+    rows = [int(i) - offset for i in same.get_column("index").drop_nulls().head(5).to_list()]
+    values = [str(v) for v in same.get_column("failure_case").head(3).to_list()]
+    if first.get("schema_context") == "DataFrameSchema" and ":" in check:
+        column, check = check.split(":", 1)  # our frame-level checks read "column: rule"
+        values = []
+    failing = f" ({same.height} rows)" if same.height > len(rows) and rows else ""
+    shown = f"; values {', '.join(values)}" if values else ""
+    others = f"; and {cases.height - same.height} other failure(s)" if cases.height > same.height else ""
+    return ArtifactInvalid(
+        f"check {check.strip()} failed{failing}{shown}{others}",
+        file=_TABLE_FILES.get(table, table),
+        column=column,
+        rows=rows,
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+_LOG_SCHEMA = {
+    "ingest_id": pl.String,
+    "at_utc": pl.Datetime("us"),
+    "kind": pl.String,
+    "artifact_key": pl.String,
+    "sha256": pl.String,
+    "action": pl.String,
+    "rows": pl.Int64,
+    "seconds": pl.Float64,
+    "note": pl.String,
+}
+
+
+def _log(
+    con: duckdb.DuckDBPyConnection,
+    ingest_id: str,
+    kind: str,
+    key: str,
+    sha: str | None,
+    action: str,
+    note: str | None,
+) -> None:
+    con.execute(
+        "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [ingest_id, _now(), kind, key, sha, action, 0, 0.0, note],
+    )
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
+    con.register("_ingest_frame", frame)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingest_frame")
+    finally:
+        con.unregister("_ingest_frame")
+
+
+def _write(
+    con: duckdb.DuckDBPyConnection,
+    kind: ArtifactKind,
+    items: list[_Item],
+    frames: dict[str, pl.DataFrame],
+    ingest_id: str,
+    before_commit: BeforeCommit | None,
+    report: IngestReport | None,
+) -> list[Outcome]:
+    """Write whole, validated artifacts in one transaction (with their ingest_log rows)."""
+    keys = [i.ref.key for i in items]
+    now = _now()
+    log = pl.DataFrame(
+        [
+            {
+                "ingest_id": ingest_id,
+                "at_utc": now,
+                "kind": kind.name,
+                "artifact_key": i.ref.key,
+                "sha256": i.sha256,
+                "action": "updated" if i.replacing else "inserted",
+                "rows": i.rows,
+                "seconds": round(time.perf_counter() - i.started, 6),
+                "note": None,
+            }
+            for i in items
+        ],
+        schema=_LOG_SCHEMA,
+    )
+    con.execute("BEGIN TRANSACTION")
+    try:
+        replacing = [i.ref.key for i in items if i.replacing]
+        if replacing:
+            for table in (*kind.child_tables, kind.table):
+                con.execute(f"DELETE FROM {table} WHERE {kind.key_column} = ANY(?)", [replacing])
+        for table, frame in frames.items():
+            if frame.height:
+                _insert(con, table, frame)
+        cleared = [i.ref.key for i in items if i.was_quarantined]
+        if cleared:
+            con.execute(
+                "DELETE FROM quarantine WHERE kind = ? AND artifact_key = ANY(?)", [kind.name, cleared]
+            )
+        _insert(con, "ingest_log", log)
+        if before_commit is not None:
+            before_commit(kind.name, keys)
+        con.execute("COMMIT")
+    except duckdb.ConstraintException as exc:
+        con.execute("ROLLBACK")
+        if len(items) == 1:
+            problem = ArtifactInvalid(f"rejected by the database: {exc}")
+            return [_quarantine(con, kind, items[0].ref, items[0].sha256, problem, ingest_id)]
+        out: list[Outcome] = []  # find the culprit: one transaction per artifact
+        for item in items:
+            own = {t: f.filter(pl.col(kind.key_column) == item.ref.key) for t, f in frames.items()}
+            out += _write(con, kind, [item], own, ingest_id, before_commit, report)
+        return out
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        raise
+    if report is not None:
+        for table, frame in frames.items():
+            report.rows_by_table[table] += frame.height
+    return [
+        Outcome(
+            kind.name,
+            i.ref.key,
+            "updated" if i.replacing else "inserted",
+            rows=i.rows,
+            source_path=i.ref.source_path,
+        )
+        for i in items
+    ]
+
+
+def _still_quarantined(kind: ArtifactKind, ref: ArtifactRef, reason: str) -> Outcome:
+    return Outcome(
+        kind.name,
+        ref.key,
+        "quarantined",
+        message=f"{ref.source_path}: {reason} (unchanged since)",
+        source_path=ref.source_path,
+    )
+
+
+def _quarantine(
+    con: duckdb.DuckDBPyConnection,
+    kind: ArtifactKind,
+    ref: ArtifactRef,
+    sha: str | None,
+    problem: ArtifactInvalid,
+    ingest_id: str,
+) -> Outcome:
+    message = f"{ref.source_path}/{problem}" if problem.file else f"{ref.source_path}: {problem}"
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(
+            "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                kind.name,
+                ref.key,
+                ref.source_path,
+                sha,
+                problem.file,
+                problem.column,
+                problem.rows or None,
+                str(problem),
+                _now(),
+            ],
+        )
+        _log(con, ingest_id, kind.name, ref.key, sha, "quarantined", str(problem))
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return Outcome(kind.name, ref.key, "quarantined", message=message, source_path=ref.source_path)
+
+
+def _changed(
+    con: duckdb.DuckDBPyConnection, kind: ArtifactKind, ref: ArtifactRef, old: str, new: str, ingest_id: str
+) -> Outcome:
+    message = (
+        f"{ref.source_path}: content changed since it was ingested (sha256 {old[:12]} then, {new[:12]} now); "
+        "raw artifacts are immutable: the warehouse keeps the ingested version"
+    )
+    _log(con, ingest_id, kind.name, ref.key, new, "changed", message)
+    return Outcome(kind.name, ref.key, "changed", message=message, source_path=ref.source_path)
+
+
+# ---------------------------------------------------------------------------------- the four built-in kinds
+
+
+def _subdirs(path: Path) -> Iterator[Path]:
+    if path.is_dir():
+        yield from sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _campaign_files(ref: ArtifactRef) -> list[str]:
+    runs = ref.path / "runs"
+    records = (
+        sorted(p.name for p in runs.glob("*.json") if not p.name.startswith(".")) if runs.is_dir() else []
+    )
+    return ["campaign.json", *(f"runs/{name}" for name in records)]
+
+
+def _discover_campaign(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    yield ArtifactRef(
+        "campaign",
+        campaign_dir.name,
+        campaign_dir,
+        f"{prefix}/campaign.json",
+        campaign_dir.name,
+        campaign_dir.name,
+    )
+
+
+def _discover_deployments(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    for d in _subdirs(campaign_dir / "deployments"):
+        yield ArtifactRef(
+            "deployment", d.name, d, f"{prefix}/deployments/{d.name}", campaign_dir.name, d.name
+        )
+
+
+def _discover_cells(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    for d in _subdirs(campaign_dir / "cells"):
+        yield ArtifactRef(
+            "cell", f"{campaign_dir.name}/{d.name}", d, f"{prefix}/cells/{d.name}", campaign_dir.name, d.name
+        )
+
+
+def _discover_captures(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    for d in _subdirs(campaign_dir / "captures"):
+        yield ArtifactRef(
+            "capture",
+            f"{campaign_dir.name}/{d.name}",
+            d,
+            f"{prefix}/captures/{d.name}",
+            campaign_dir.name,
+            d.name,
+        )
+
+
+CAMPAIGN = register_kind(
+    ArtifactKind(
+        name="campaign",
+        table="campaigns",
+        key_column="campaign_id",
+        discover=_discover_campaign,
+        frames=lambda ref, files, sha: raw.campaign_frames(ref.source_path, ref.campaign_id, files, sha),
+        immutable=False,  # campaign.json is written once, but every finished run adds a runs/*.json record
+        files=_campaign_files,
+        order=10,
+    )
+)
+DEPLOYMENT = register_kind(
+    ArtifactKind(
+        name="deployment",
+        table="deployments",
+        key_column="deployment_id",
+        discover=_discover_deployments,
+        frames=lambda ref, files, sha: raw.deployment_frames(
+            ref.source_path, ref.campaign_id, ref.name, files, sha
+        ),
+        immutable=False,  # deployment.json is rewritten at ready and at teardown
+        files=("deployment.json",),  # not engine.log, which grows
+        order=20,
+    )
+)
+CELL = register_kind(
+    ArtifactKind(
+        name="cell",
+        table="cells",
+        key_column="cell_key",
+        child_tables=("requests", "gauges", "spec_decode", "spec_decode_positions"),
+        discover=_discover_cells,
+        frames=lambda ref, files, sha: raw.cell_frames(
+            ref.source_path, ref.campaign_id, ref.name, files, sha, directory=ref.path
+        ),
+        order=30,
+    )
+)
+CAPTURE = register_kind(
+    ArtifactKind(
+        name="capture",
+        table="captures",
+        key_column="capture_key",
+        child_tables=("capture_outputs",),
+        discover=_discover_captures,
+        frames=lambda ref, files, sha: raw.capture_frames(
+            ref.source_path, ref.campaign_id, ref.name, files, sha
+        ),
+        order=40,
+    )
+)
+
+
+def _ref_for(kind: ArtifactKind, path: Path) -> ArtifactRef:
+    path = Path(path)
+    if kind is CAMPAIGN:
+        campaign_dir = path.parent if path.name == "campaign.json" else path
+        return next(iter(_discover_campaign(campaign_dir, campaign_dir.name)))
+    campaign_dir = path.parent.parent  # RAW/<campaign_id>/<cells|deployments|captures>/<name>
+    folder = path.parent.name
+    prefix = f"{campaign_dir.name}/{folder}/{path.name}"
+    key = path.name if kind is DEPLOYMENT else f"{campaign_dir.name}/{path.name}"
+    return ArtifactRef(kind.name, key, path, prefix, campaign_dir.name, path.name)
+
+
+def _one(
+    con: duckdb.DuckDBPyConnection, kind: ArtifactKind, path: Path, before_commit: BeforeCommit | None
+) -> Outcome:
+    return ingest_artifacts(con, kind, [_ref_for(kind, path)], before_commit=before_commit)[0]
+
+
+def ingest_campaign(
+    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
+) -> Outcome:
+    """RAW/<campaign_id> (or its campaign.json) through a writer connection."""
+    return _one(con, CAMPAIGN, path, before_commit)
+
+
+def ingest_deployment(
+    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
+) -> Outcome:
+    """RAW/<campaign_id>/deployments/<deployment_id> through a writer connection."""
+    return _one(con, DEPLOYMENT, path, before_commit)
+
+
+def ingest_cell(
+    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
+) -> Outcome:
+    """RAW/<campaign_id>/cells/<cell_id>.a<n> through a writer connection."""
+    return _one(con, CELL, path, before_commit)
+
+
+def ingest_capture(
+    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
+) -> Outcome:
+    """RAW/<campaign_id>/captures/<capture_id> through a writer connection."""
+    return _one(con, CAPTURE, path, before_commit)
