@@ -90,7 +90,7 @@ def register_kind(kind: ArtifactKind) -> ArtifactKind:
 
 
 # Modules that register further kinds when imported (gate verdicts, profiles). Add yours here.
-KIND_MODULES: list[str] = ["warehouse.ingest_gate"]
+KIND_MODULES: list[str] = ["warehouse.ingest_gate", "warehouse.ingest_profile"]
 
 
 def _load_kind_modules() -> None:

@@ -1,0 +1,137 @@
+"""Profile artifacts into the warehouse: the `profiles` table and `v_profile_waste`, idempotent ingest,
+quarantine of bad artifacts, and the chart command over the view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import warehouse.ingest_profile  # noqa: F401  (registers the profile kind)
+from tasks.profile.breakdown import counters_from_metrics
+from tasks.profile.torch_trace import analyze_trace
+from tasks.profile.window import write_profile_artifact
+from warehouse.db import reader
+from warehouse.ingest import ingest_raw
+
+DATA = Path(__file__).parent / "data" / "profile"
+TRACE = DATA / "draft-k3.code.c2.worker.pt.trace.json.gz"
+CAMPAIGN = "demo-0000abcd"
+
+
+def meta_for(profile_id: str, *, status: str = "ok", started: str = "2026-11-30T17:13:00.000Z") -> dict:
+    return {
+        "format": 1,
+        "profile_id": profile_id,
+        "campaign_id": CAMPAIGN,
+        "deployment_id": f"{CAMPAIGN}.draft-k3.profile.l1",
+        "variant": {"name": "draft-k3", "method": "draft_model", "k": 3, "draft_model": "models/tiny-draft"},
+        "profiler": "torch-profiler",
+        "workload": {
+            "file": "workloads/smoke.jsonl",
+            "sha256": "0" * 64,
+            "stratum": "code",
+            "prompt_ids": [],
+        },
+        "load": {"mode": "closed", "concurrency": 2, "requests": 4, "warmup": 2},
+        "deployment": {"launcher": "local", "engine_version": "0.32.0"},
+        "tool": {"specgauge_version": "0.1.0", "git_revision": "x"},
+        "host": {"hostname": "h"},
+        "started_utc": started,
+        "ended_utc": started,
+        "status": status,
+        "error": None if status == "ok" else "POST /start_profile: HTTP 404",
+        "requests": {"total": 4, "ok": 4, "failed": 0},
+        "trace": None,
+    }
+
+
+@pytest.fixture(scope="module")
+def breakdown():
+    counters = counters_from_metrics(
+        (DATA / "metrics_before.txt").read_text(), (DATA / "metrics_after.txt").read_text(), "tiny-draft-k3"
+    )
+    return analyze_trace(TRACE, counters, k=3)
+
+
+def test_ingest_view_and_idempotence(tmp_path: Path, breakdown) -> None:
+    raw = tmp_path / "raw"
+    profiles = raw / CAMPAIGN / "profiles"
+    write_profile_artifact(
+        profiles / "draft-k3.code.c2.A", meta_for("draft-k3.code.c2.A"), breakdown, trace_path=TRACE
+    )
+    later = meta_for("draft-k3.code.c2.B", started="2026-11-30T18:00:00.000Z")
+    write_profile_artifact(profiles / "draft-k3.code.c2.B", later, breakdown)
+    write_profile_artifact(
+        profiles / "draft-k3.code.c2.F", meta_for("draft-k3.code.c2.F", status="failed"), None
+    )
+    db = tmp_path / "w.duckdb"
+    report = ingest_raw(raw, db)
+    assert report.counts()["profile"] == {"inserted": 3}
+    with reader(db) as con:
+        view = con.execute(
+            "SELECT profile_id, window_rank, wasted_share, wasted_share_of_added, acceptance_rate, cross_check_ok "
+            "FROM v_profile_waste ORDER BY profile_id"
+        ).fetchall()
+        failed = con.execute(
+            "SELECT status, error, wasted_share FROM profiles WHERE profile_id LIKE '%F'"
+        ).fetchone()
+        trace = con.execute(
+            "SELECT trace_file, trace_sha256 FROM profiles WHERE profile_id LIKE '%A'"
+        ).fetchone()
+    shares = breakdown.shares
+    assert [(r[0], r[1]) for r in view] == [
+        ("draft-k3.code.c2.A", 2),
+        ("draft-k3.code.c2.B", 1),
+    ]  # failed: not
+    assert view[0][2] == pytest.approx(shares["wasted_share"])
+    assert view[0][3] == pytest.approx(shares["wasted_share_of_added"])
+    assert view[0][4] == pytest.approx(breakdown.counters.accepted_tokens / breakdown.counters.draft_tokens)
+    assert view[0][5] is True
+    assert failed == ("failed", "POST /start_profile: HTTP 404", None)
+    assert trace[0] == f"trace/{TRACE.name}" and len(trace[1]) == 64
+    again = ingest_raw(raw, db)
+    assert again.counts()["profile"] == {"skipped": 3}
+
+
+def test_bad_artifacts_are_quarantined(tmp_path: Path, breakdown) -> None:
+    raw = tmp_path / "raw"
+    profiles = raw / CAMPAIGN / "profiles"
+    write_profile_artifact(profiles / "no-breakdown", meta_for("no-breakdown"), None)  # ok without breakdown
+    write_profile_artifact(profiles / "renamed", meta_for("something-else"), breakdown)
+    bad = profiles / "bad-share"
+    write_profile_artifact(bad, meta_for("bad-share"), breakdown)
+    doc = json.loads((bad / "breakdown.json").read_text())
+    doc["shares"]["wasted_share"] = 1.7
+    (bad / "breakdown.json").write_text(json.dumps(doc))
+    report = ingest_raw(raw, tmp_path / "w.duckdb")
+    reasons = {o.key.split("/")[-1]: o.message for o in report.outcomes if o.kind == "profile"}
+    assert report.counts()["profile"] == {"quarantined": 3}
+    assert "breakdown.json" in reasons["no-breakdown"] and "missing" in reasons["no-breakdown"]
+    assert "profile_id" in reasons["renamed"] and "something-else" in reasons["renamed"]
+    assert "wasted_share" in reasons["bad-share"]
+
+
+def test_chart_command(tmp_path: Path, breakdown, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specgauge.cli import app
+    from specgauge.settings import get_settings
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECGAUGE_HOME", str(home))
+    get_settings.cache_clear()
+    try:
+        profiles = home / "raw" / CAMPAIGN / "profiles"
+        write_profile_artifact(profiles / "draft-k3.code.c2.A", meta_for("draft-k3.code.c2.A"), breakdown)
+        ingest_raw(home / "raw")
+        out = CliRunner().invoke(app, ["profile", "chart", "--out", str(tmp_path / "chart" / "waste")])
+        assert out.exit_code == 0, out.output
+        assert (tmp_path / "chart" / "waste.html").stat().st_size > 0
+        assert (tmp_path / "chart" / "waste.png").read_bytes()[:4] == b"\x89PNG"
+        none = CliRunner().invoke(
+            app, ["profile", "chart", "--out", str(tmp_path / "x"), "--campaign", "nope"]
+        )
+        assert none.exit_code == 1 and "no profiled windows" in none.output
+    finally:
+        get_settings.cache_clear()
