@@ -1,0 +1,194 @@
+"""Greedy capture: refusals and failed requests without an engine; then, on the real engine, captures of
+the 36-prompt corpus on plain (twice), a second separately launched plain deployment, n-gram and draft-model
+speculation and a deliberately lossy treatment, and the gate's verdicts on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.spec import Sampling, Variant, load_spec
+from specgauge.errors import ArtifactError
+from tasks.capture import SamplingNotGreedy, capture, load_capture
+from tasks.gate import GateRefusal, compare, gate
+from tasks.launch.base import Deployment
+from tasks.launch.local import free_port
+from workloads.schema import load_corpus
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "workloads" / "capture.jsonl"
+CAMPAIGN = "capture-test-00000000"
+
+
+def nowhere(tmp_path: Path) -> Deployment:
+    """A deployment whose address nobody listens on: every request fails to connect."""
+    base = f"http://127.0.0.1:{free_port()}"
+    return Deployment(
+        id=f"{CAMPAIGN}.nowhere.r1",
+        launcher="endpoint",
+        variant=Variant(name="plain"),
+        served_model_name="tiny-plain",
+        base_url=base,
+        metrics_url=f"{base}/metrics",
+        directory=tmp_path,
+    )
+
+
+def test_refuses_non_greedy_sampling_unless_allowed(tmp_path: Path) -> None:
+    with pytest.raises(SamplingNotGreedy, match="temperature 1"):
+        capture(
+            nowhere(tmp_path),
+            load_corpus(CORPUS),
+            sampling=Sampling(temperature=1.0),
+            raw_campaign_dir=tmp_path,
+            capture_id="hot",
+            campaign_id=CAMPAIGN,
+        )
+    assert not (tmp_path / "captures").exists()
+
+
+def test_failed_requests_are_kept_with_their_reason(tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    path = capture(
+        nowhere(tmp_path),
+        load_corpus(CORPUS),
+        sampling=Sampling(),
+        limit=3,
+        raw_campaign_dir=tmp_path,
+        capture_id="down",
+        campaign_id=CAMPAIGN,
+        progress=lambda done, total, record: seen.append((done, total)),
+        timeout_s=5,
+    )
+    assert path == tmp_path / "captures" / "down"
+    loaded = load_capture(path)
+    assert loaded.prompt_ids == ["cap-chat-00", "cap-chat-01", "cap-chat-02"]
+    assert all(not o.ok and o.error for o in loaded.outputs)
+    assert loaded.meta["requests"] == {"total": 3, "ok": 0, "failed": 3, "with_token_ids": 0}
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    with pytest.raises(ArtifactError, match="never overwritten"):  # refused before a request goes out
+        capture(
+            nowhere(tmp_path),
+            load_corpus(CORPUS),
+            sampling=Sampling(),
+            limit=3,
+            raw_campaign_dir=tmp_path,
+            capture_id="down",
+            campaign_id=CAMPAIGN,
+        )
+
+
+# --- the real engine --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real(engines, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Captures of the whole 36-prompt corpus on every deployment the gate needs (engines stay up for the
+    session; the second plain deployment and the lossy one are launched here and torn down at once)."""
+    from tasks.health import wait_ready
+    from tasks.launch.local import LocalLauncher
+
+    spec = load_spec(REPO / "experiments" / "demo.yaml")
+    corpus = load_corpus(CORPUS)
+    raw = tmp_path_factory.mktemp("raw") / CAMPAIGN
+    greedy = spec.sampling
+    out: dict[str, Path] = {}
+
+    def take(deployment: Deployment, capture_id: str, **kwargs) -> None:
+        out[capture_id] = capture(
+            deployment,
+            corpus,
+            sampling=kwargs.pop("sampling", greedy),
+            raw_campaign_dir=raw,
+            capture_id=capture_id,
+            campaign_id=CAMPAIGN,
+            **kwargs,
+        )
+
+    def separately(target, variant: Variant, deployment_id: str, capture_id: str) -> None:
+        launcher = LocalLauncher(spec.launcher)
+        deployment = launcher.launch(
+            target, variant, deployment_id=deployment_id, directory=raw.parent / "deployments" / deployment_id
+        )
+        try:
+            wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
+            launcher.collect_facts(deployment)
+            take(deployment, capture_id)
+        finally:
+            launcher.teardown(deployment)
+
+    plain = engines.get("plain")
+    take(plain, "plain.r1")
+    take(plain, "plain.r1.again")
+    take(plain, "plain.r1.t1", sampling=greedy.model_copy(update={"temperature": 1.0}), allow_sampling=True)
+    separately(spec.target, spec.plain, f"{CAMPAIGN}.plain.ctl1", "plain.ctl1")
+    take(engines.get("ngram-k3"), "ngram-k3.r1")
+    take(engines.get("draft-k3"), "draft-k3.r1")
+    draft = next(v for v in spec.variants if v.name == "draft-k3").draft_model
+    separately(
+        spec.target.model_copy(update={"model": draft}),
+        Variant(name="draft-as-target"),
+        f"{CAMPAIGN}.draft-as-target.r1",
+        "draft-as-target.r1",
+    )
+    return out
+
+
+def controls(real: dict[str, Path]) -> list[tuple[Path, Path]]:
+    return [(real["plain.r1"], real["plain.r1.again"]), (real["plain.r1"], real["plain.ctl1"])]
+
+
+@pytest.mark.engine
+def test_capture_artifact_on_the_engine(real: dict[str, Path], tmp_path: Path) -> None:
+    corpus = load_corpus(CORPUS)
+    for capture_id in ("plain.r1", "ngram-k3.r1", "draft-k3.r1"):
+        loaded = load_capture(real[capture_id])
+        assert loaded.prompt_ids == [p.id for p in corpus.prompts]
+        assert all(o.ok for o in loaded.outputs), [o.error for o in loaded.outputs if not o.ok]
+        for output in loaded.outputs:
+            # vLLM returned every chunk's token ids, and they account for every counted token
+            assert output.token_ids is not None and len(output.token_ids) == output.completion_tokens
+            assert output.finish_reason in ("stop", "length") and output.text is not None
+        assert loaded.meta["sampling"]["temperature"] == 0.0 and loaded.meta["sequential"] is True
+        assert loaded.meta["warnings"] == []
+    for capture_id in ("ngram-k3.r1", "draft-k3.r1"):  # drafts were proposed and verified during the capture
+        speculation = load_capture(real[capture_id]).meta["speculation"]
+        assert speculation["draft_tokens"] > 0 and speculation["accepted_tokens"] > 0, speculation
+    assert load_capture(real["plain.r1"]).meta["speculation"] is None
+
+    # the warehouse ingests the artifact as written (its captures/capture_outputs tables)
+    from warehouse.db import writer
+    from warehouse.ingest import ingest_capture
+
+    with writer(tmp_path / "warehouse.duckdb") as con:
+        outcome = ingest_capture(con, real["plain.r1"])
+        stored = con.execute("SELECT outputs, outputs_ok FROM captures").fetchall()
+    assert outcome.action == "inserted", outcome.message
+    assert stored == [(36, 36)]
+
+
+@pytest.mark.engine
+def test_gate_passes_ngram_and_draft_model_speculation(real: dict[str, Path]) -> None:
+    for treatment in ("ngram-k3.r1", "draft-k3.r1"):
+        verdict = gate((real["plain.r1"], real[treatment]), controls(real))
+        assert [kind for _, kind, _ in verdict.controls] == ["same_deployment", "cross_deployment"]
+        assert verdict.treatment.overall.n == 36 and verdict.treatment.overall.token_level == 36
+        assert verdict.passed, verdict.claim
+        assert verdict.claim.startswith("consistent with lossless speculation")
+
+
+@pytest.mark.engine
+def test_gate_fails_the_draft_model_served_as_target(real: dict[str, Path]) -> None:
+    verdict = gate((real["plain.r1"], real["draft-as-target.r1"]), controls(real))
+    assert not verdict.passed and verdict.outcome == "diverged", verdict.claim
+    assert verdict.claim.startswith("diverged beyond the control envelope")
+    assert not next(c for c in verdict.checks if c.name == "exact_match").passed
+
+
+@pytest.mark.engine
+def test_temperature_one_capture_cannot_be_compared_with_greedy(real: dict[str, Path]) -> None:
+    with pytest.raises(GateRefusal, match=r"sampling\.temperature differs: 0\.0 .* vs 1\.0"):
+        compare(real["plain.r1"], real["plain.r1.t1"])
+    with pytest.raises(GateRefusal):
+        gate((real["plain.r1"], real["plain.r1.t1"]), controls(real))
