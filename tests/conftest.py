@@ -85,3 +85,34 @@ def engines(engine_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield pool
     finally:
         pool.stop()
+
+
+# The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
+from emulator_fixture import emulator, emulator_session  # noqa: E402, F401
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One Prefect test server for the session's flow runs, tuned as the measured facts say: no heartbeat
+    wait at flow exit, and no SQLite services that answer 503 under back-to-back runs."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    os.environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"] = "false"
+    os.environ["PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"] = "false"
+    from specgauge.prefect_env import configure
+
+    configure()
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+
+
+@pytest.fixture(scope="session")
+def demo_campaign(prefect_harness: None, engines: EnginePool) -> dict:
+    """The demo campaign, run once per session through the campaign flow on the real engine (about ten
+    minutes); the tests of the flow, the warehouse, the gate and the analysis all read its results."""
+    engines.stop()  # idle engines would only compete for the two cores
+    from flows.campaign import campaign
+
+    return campaign(spec="experiments/demo.yaml")

@@ -1,0 +1,239 @@
+"""What the analysis reads from the warehouse: one campaign's rows, as polars frames, read once.
+
+Every question module is a plain function of `CampaignData` (and `AnalysisSettings`), so tests and the flow
+call them the same way. `load_campaign(con, campaign_id)` runs the SQL over the warehouse views (v_cells,
+v_speedup, v_acceptance_positions, v_capacity, v_gate, v_profile_waste) and the tables behind them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from specgauge.errors import InputError
+
+GAIN_METRICS = ("throughput", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+"""Speedups of Q1, as v_speedup names them `<metric>_speedup`; every one is > 1 when the variant is faster."""
+
+
+class CampaignNotFound(InputError):
+    """The warehouse has no such campaign (or none at all)."""
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """The knobs of one analysis run; recorded with its results (analysis_runs)."""
+
+    confidence: float = 0.95
+    resamples: int = 9999  # bootstrap resamples for per-load intervals
+    crossover_resamples: int = 2999  # the crossover's bootstrap runs Python per resample: fewer
+    seed: int = 0
+    min_success_rate: float = 0.99
+    gain_metric: str = "throughput"  # the decision rule's gain: output-throughput speedup
+
+    def __post_init__(self) -> None:
+        if not 0 < self.confidence < 1:
+            raise InputError(f"confidence must be between 0 and 1, got {self.confidence}")
+        if self.gain_metric not in GAIN_METRICS:
+            raise InputError(
+                f"gain_metric must be one of {', '.join(GAIN_METRICS)}, got {self.gain_metric!r}"
+            )
+
+
+@dataclass
+class CampaignData:
+    campaign_id: str
+    campaign: dict[str, Any]  # the campaigns row, spec parsed
+    cells: pl.DataFrame  # v_cells
+    speedup: pl.DataFrame  # v_speedup
+    acceptance: pl.DataFrame  # v_acceptance
+    positions: pl.DataFrame  # v_acceptance_positions
+    capacity: pl.DataFrame  # v_capacity
+    gates: pl.DataFrame  # v_gate, latest verdict per variant
+    deployments: pl.DataFrame
+    waste: pl.DataFrame  # v_profile_waste, latest window per key (may be empty)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.campaign.get("spec") or {}
+
+    @property
+    def slo(self) -> tuple[float | None, float | None]:
+        slo = self.spec.get("slo") or {}
+        ttft = self.campaign.get("slo_ttft_p99_s") or slo.get("ttft_p99_s")
+        tpot = self.campaign.get("slo_tpot_p99_s") or slo.get("tpot_p99_s")
+        return ttft, tpot
+
+    @property
+    def rates(self) -> list[float]:
+        return list((self.spec.get("load") or {}).get("rates") or [])
+
+    @property
+    def repeats(self) -> int:
+        if self.cells.is_empty():
+            return 0
+        return int(self.cells["repeat"].n_unique())
+
+    def variants(self) -> pl.DataFrame:
+        """One row per measured variant: name, method, k (plain first, then by method and depth)."""
+        if self.cells.is_empty():
+            return pl.DataFrame(schema={"variant": pl.String, "method": pl.String, "k": pl.Int32})
+        return (
+            self.cells.select("variant", "method", "k")
+            .unique()
+            .with_columns((pl.col("method") != "none").alias("_spec"))
+            .sort("_spec", "method", "k", "variant", nulls_last=False)
+            .drop("_spec")
+        )
+
+
+def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | dict[str, Any]) -> pl.DataFrame:
+    relation = con.sql(sql, params=params)
+    assert relation is not None  # a SELECT always gives a relation
+    return relation.pl()
+
+
+def _has_relation(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    rows = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+    ).fetchall()
+    return bool(rows[0][0])
+
+
+def latest_campaign_id(con: duckdb.DuckDBPyConnection) -> str:
+    """The campaign run most recently (last run, else creation time)."""
+    if not _has_relation(con, "campaigns"):
+        raise CampaignNotFound("the warehouse has no campaigns table: run `specgauge ingest` first")
+    rows = con.execute(
+        "SELECT campaign_id FROM campaigns ORDER BY coalesce(last_run_utc, created_utc) DESC, campaign_id DESC "
+        "LIMIT 1"
+    ).fetchall()
+    if not rows:
+        raise CampaignNotFound("the warehouse holds no campaign yet: run a campaign and `specgauge ingest`")
+    return str(rows[0][0])
+
+
+def resolve_campaign_id(con: duckdb.DuckDBPyConnection, campaign_id: str | None) -> str:
+    if campaign_id is None:
+        return latest_campaign_id(con)
+    rows = con.execute("SELECT count(*) FROM campaigns WHERE campaign_id = ?", [campaign_id]).fetchall()
+    if not rows[0][0]:
+        known = [r[0] for r in con.execute("SELECT campaign_id FROM campaigns ORDER BY 1").fetchall()]
+        raise CampaignNotFound(
+            f"no campaign {campaign_id!r} in the warehouse (it has: {', '.join(known) or 'none'})"
+        )
+    return campaign_id
+
+
+def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None) -> CampaignData:
+    """Read everything the analysis needs about one campaign (default: the latest)."""
+    cid = resolve_campaign_id(con, campaign_id)
+    campaign_frame = _frame(con, "SELECT * FROM campaigns WHERE campaign_id = ?", [cid])
+    campaign = campaign_frame.row(0, named=True)
+    for key in ("spec", "host"):
+        if isinstance(campaign.get(key), str):
+            campaign[key] = json.loads(campaign[key])
+    cells = _frame(con, "SELECT * FROM v_cells WHERE campaign_id = ? ORDER BY cell_id", [cid])
+    speedup = _frame(
+        con,
+        "SELECT * FROM v_speedup WHERE campaign_id = ? AND server_valid IS NOT FALSE ORDER BY cell_id",
+        [cid],
+    )
+    acceptance = _frame(con, "SELECT * FROM v_acceptance WHERE campaign_id = ? ORDER BY cell_id", [cid])
+    positions = _frame(
+        con, "SELECT * FROM v_acceptance_positions WHERE campaign_id = ? ORDER BY cell_id, position", [cid]
+    )
+    capacity = _frame(
+        con, "SELECT * FROM v_capacity WHERE campaign_id = ? ORDER BY variant, workload, load_label", [cid]
+    )
+    gates = (
+        _frame(
+            con,
+            "SELECT * FROM v_gate WHERE campaign_id = ? AND verdict_rank = 1 ORDER BY treatment_variant",
+            [cid],
+        )
+        if _has_relation(con, "v_gate")
+        else pl.DataFrame()
+    )
+    deployments = _frame(
+        con,
+        "SELECT deployment_id, variant, method, k, slot, repeat, control, launch, launcher, engine_version, "
+        "engine_command, kv_cache_tokens, max_model_len, status, ready_s, job_id, started_utc "
+        "FROM deployments WHERE campaign_id = ? ORDER BY deployment_id",
+        [cid],
+    )
+    waste = (
+        _frame(
+            con,
+            "SELECT * FROM v_profile_waste WHERE campaign_id = ? AND window_rank = 1 "
+            "ORDER BY variant, workload, load_label",
+            [cid],
+        )
+        if _has_relation(con, "v_profile_waste")
+        else pl.DataFrame()
+    )
+    return CampaignData(
+        campaign_id=cid,
+        campaign=campaign,
+        cells=cells,
+        speedup=speedup,
+        acceptance=acceptance,
+        positions=positions,
+        capacity=capacity,
+        gates=gates,
+        deployments=deployments,
+        waste=waste,
+    )
+
+
+LATENCY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+
+
+def latency_quantiles(con: duckdb.DuckDBPyConnection, campaign_id: str) -> pl.DataFrame:
+    """Per variant, workload and load: quantiles of every successful measured request's TTFT, TPOT and E2E,
+    and of the two inter-token latencies, pooled over repeats (for the distribution charts).
+
+    `chunk_gap`: the time between consecutive token-bearing chunks (one chunk may carry several tokens under
+    speculation). `itl_per_token`: each gap divided by its chunk's token count, counted once per token.
+    """
+    quantiles = ", ".join(f"quantile_cont(v, {q}) AS q{round(q * 100):02d}" for q in LATENCY_QUANTILES)
+    sql = f"""
+    WITH measured AS (
+        SELECT c.variant, c.method, c.k, c.workload, c.load_mode, c.load_label, c.concurrency, c.rate,
+               r.ttft_s, r.tpot_s, r.e2e_s, r.chunk_offsets_s, r.chunk_tokens
+        FROM v_cells c JOIN requests r USING (cell_key)
+        WHERE c.campaign_id = $cid AND r.phase = 'measured' AND r.ok
+    ), gaps AS (
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate,
+               chunk_offsets_s[i + 1] - chunk_offsets_s[i] AS gap, chunk_tokens[i + 1] AS tokens
+        FROM (SELECT *, unnest(range(1, len(chunk_offsets_s))) AS i FROM measured
+              WHERE len(chunk_offsets_s) > 1)
+    ), samples AS (
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, 'ttft' AS metric,
+               ttft_s AS v FROM measured WHERE ttft_s IS NOT NULL
+        UNION ALL
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, 'tpot', tpot_s
+        FROM measured WHERE tpot_s IS NOT NULL
+        UNION ALL
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, 'e2e', e2e_s
+        FROM measured WHERE e2e_s IS NOT NULL
+        UNION ALL
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, 'chunk_gap', gap
+        FROM gaps
+        UNION ALL
+        SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, 'itl_per_token',
+               gap / tokens
+        FROM (SELECT *, unnest(range(coalesce(tokens, 1))) FROM gaps WHERE coalesce(tokens, 1) > 0)
+    )
+    SELECT variant, method, k, workload, load_mode, load_label, concurrency, rate, metric, count(*) AS n,
+           avg(v) AS mean, {quantiles}
+    FROM samples
+    GROUP BY ALL
+    ORDER BY ALL
+    """
+    return _frame(con, sql, {"cid": campaign_id})

@@ -1,0 +1,582 @@
+"""The campaign report: one self-contained HTML page (tables, charts, provenance, gate verdicts, the
+decision rule) in SPECGAUGE_HOME/reports/<campaign_id>/, beside every chart as HTML and PNG.
+
+Self-contained means no request leaves the page: the Vega, Vega-Lite and Vega-Embed JavaScript is inlined
+once (vl-convert's bundle, the one Altair's `inline=True` uses) and every chart's spec, with its data, sits in
+the page as JSON. `external_references` checks the written page for any src/href that would fetch something.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analysis.charts import ChartFiles
+
+Format = Callable[[Any], str]
+
+
+# ----------------------------------------------------------------------------------------------- formatting
+
+
+def fmt_num(digits: int = 3) -> Format:
+    def f(value: Any) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        if isinstance(value, float):
+            return f"{value:.{digits}g}"
+        return str(value)
+
+    return f
+
+
+def fmt_pct(value: Any) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def fmt_ms(value: Any) -> str:
+    return "–" if value is None else f"{value * 1000:.2f}"
+
+
+def fmt_bool(value: Any) -> str:
+    return {True: "yes", False: "no"}.get(value, "–")
+
+
+def fmt_interval(estimate: Any, low: Any, high: Any, label: str | None) -> str:
+    if estimate is None:
+        return "–"
+    if low is None or high is None:
+        return f"{estimate:.3g} ({label or 'no interval'})"
+    return f"{estimate:.3g} [{low:.3g}, {high:.3g}]"
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[dict[str, Any]], str]
+    css: str = ""
+
+
+def col(name: str, header: str | None = None, fmt: Format | None = None, css: str = "") -> Column:
+    formatter = fmt or fmt_num()
+    return Column(header or name, lambda row: formatter(row.get(name)), css)
+
+
+def html_table(
+    frame: pl.DataFrame,
+    columns: Sequence[Column],
+    *,
+    row_class: Callable[[dict], str] | None = None,
+    empty: str = "no rows",
+) -> str:
+    if frame.is_empty():
+        return f'<p class="empty">{html.escape(empty)}</p>'
+    head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
+    body = []
+    for row in frame.iter_rows(named=True):
+        cls = row_class(row) if row_class else ""
+        cells = "".join(
+            f'<td class="{c.css}">{html.escape(c.value(row))}</td>'
+            if c.css
+            else f"<td>{html.escape(c.value(row))}</td>"
+            for c in columns
+        )
+        body.append(f'<tr class="{cls}">{cells}</tr>' if cls else f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+# ------------------------------------------------------------------------------------------------- the page
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .85em; }
+th, td { border: 1px solid #ddd; padding: .25em .5em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } tr.win td { background: #e8f6e8; } tr.flag td { background: #fdeeee; }
+.rule { background: #f6f8fa; border-left: 4px solid #36c; padding: .6em 1em; }
+.note { color: #555; font-size: .9em; } .empty { color: #888; font-style: italic; }
+.chart { margin: 1em 0 2em; min-height: 120px; } .chart-error { color: #b00; white-space: pre-wrap; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .8em; max-height: 30em; }
+nav a { margin-right: 1em; }
+"""
+
+EMBED_SCRIPT = """
+(function () {
+  var charts = document.querySelectorAll("div.chart[data-spec]");
+  charts.forEach(function (div) {
+    var spec = JSON.parse(document.getElementById(div.getAttribute("data-spec")).textContent);
+    vegaEmbed(div, spec, {actions: false, renderer: "svg"}).then(function () {
+      div.setAttribute("data-rendered", "true");
+    }).catch(function (err) {
+      div.setAttribute("data-rendered", "error");
+      var p = document.createElement("p"); p.className = "chart-error"; p.textContent = String(err);
+      div.appendChild(p); console.error(err);
+    });
+  });
+})();
+"""
+
+
+@dataclass(frozen=True)
+class Section:
+    anchor: str
+    title: str
+    body: str
+
+
+def chart_block(chart: ChartFiles, spec: dict[str, Any]) -> str:
+    data_id = f"spec-{chart.name}"
+    payload = json.dumps(spec, separators=(",", ":"), default=str).replace("</", "<\\/")
+    return (
+        f'<div class="chart" id="chart-{chart.name}" data-spec="{data_id}"></div>'
+        f'<script type="application/json" id="{data_id}">{payload}</script>'
+        f'<p class="note">{html.escape(chart.title)}: <a href="{chart.html.name}">interactive HTML</a>, '
+        f'<a href="{chart.png.name}">PNG</a></p>'
+    )
+
+
+def render_page(title: str, intro: str, sections: Iterable[Section], javascript: str) -> str:
+    sections = list(sections)
+    nav = "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections)
+    body = "".join(
+        f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in sections
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+        f'<script type="text/javascript">{javascript}</script></head>'
+        f"<body><h1>{html.escape(title)}</h1>{intro}<nav>{nav}</nav>{body}"
+        f'<script type="text/javascript">{EMBED_SCRIPT}</script></body></html>\n'
+    )
+
+
+def vega_bundle() -> str:
+    """Vega, Vega-Lite and Vega-Embed as one script (what Altair inlines for `inline=True`)."""
+    import vl_convert as vlc
+    from altair.utils._importers import vl_version_for_vl_convert
+
+    return vlc.javascript_bundle(vl_version=vl_version_for_vl_convert())
+
+
+# ---------------------------------------------------------------------------------------- offline guarantee
+
+_FETCHING_ATTRIBUTES = {"src", "href", "srcset", "poster", "data", "action", "formaction", "background"}
+_LOCAL = re.compile(r"^(#|data:|[A-Za-z0-9_.-]+(\.html|\.png)$)")
+
+
+class _References(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in _FETCHING_ATTRIBUTES and value is not None and not _LOCAL.match(value.strip()):
+                self.found.append(f"<{tag} {name}={value!r}>")
+
+
+def external_references(page: str) -> list[str]:
+    """Every src/href-like attribute that is not an in-page anchor, a data: URL or a sibling chart file.
+    (Script and style text is not markup: the parser does not look inside it.)"""
+    parser = _References()
+    parser.feed(page)
+    return parser.found
+
+
+# ------------------------------------------------------------------------------------------- the folder swap
+
+
+def replace_folder(build: Path, final: Path) -> Path:
+    """Move a finished report folder into place; the old one is removed only after the new one is in."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(build, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# ------------------------------------------------------------------------------------------ the campaign page
+
+
+def _load_cols() -> list[Column]:
+    return [col("variant"), col("workload"), col("load_label", "load")]
+
+
+def _interval_col(header: str) -> Column:
+    return Column(
+        header,
+        lambda r: fmt_interval(r.get("estimate"), r.get("ci_low"), r.get("ci_high"), r.get("interval")),
+    )
+
+
+def campaign_sections(
+    data, results, charts: dict[str, tuple[ChartFiles, dict[str, Any]]], analysis: dict[str, Any]
+) -> list[Section]:
+    """The report's sections, in reading order. `data`: analysis.data.CampaignData; `results`:
+    analysis.run.Results; `charts`: name -> (files, Vega-Lite spec); `analysis`: the analysis_runs row."""
+    from analysis.capacity import has_rate_sweep, q5_statement
+    from analysis.decision import rule_text
+
+    settings = results.settings
+
+    def chart(name: str, missing: str) -> str:
+        if name in charts:
+            return chart_block(*charts[name])
+        return f'<p class="empty">{html.escape(missing)}</p>'
+
+    decisions = results.decisions
+    wins = decisions.filter(pl.col("wins")) if not decisions.is_empty() else decisions
+    summary = (
+        f"{wins.height} of {decisions.height} variant x workload x load cells win under the rule."
+        if decisions.height
+        else "No speculative cells to judge."
+    )
+    winners = "".join(
+        f"<li><b>{html.escape(r['variant'])}</b> on {html.escape(r['workload'])} at {html.escape(r['load_label'])}: "
+        f"{html.escape(r['reason'])}</li>"
+        for r in wins.iter_rows(named=True)
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in results.notes)
+    sections = [
+        Section(
+            "verdict",
+            "Verdict and decision rule",
+            f'<p class="rule"><b>Decision rule.</b> {html.escape(rule_text(settings))}</p>'
+            f"<p>{html.escape(summary)}</p>"
+            + (f"<ul>{winners}</ul>" if winners else "")
+            + (f"<p><b>Notes</b></p><ul>{notes}</ul>" if notes else "")
+            + html_table(
+                decisions,
+                [
+                    *_load_cols(),
+                    _interval_col(f"{settings.gain_metric} speedup"),
+                    col("success_rate", "success", fmt_pct),
+                    col("gate_passed", "gate passed", fmt_bool),
+                    col("wins", "wins", fmt_bool),
+                    col("reason"),
+                ],
+                row_class=lambda r: "win" if r["wins"] else "",
+                empty="no speculative cells",
+            ),
+        )
+    ]
+
+    speedup = results.speedup
+    pivot_rows = []
+    if not speedup.is_empty():
+        keys = ["variant", "workload", "load_mode", "load_label", "concurrency", "rate"]
+        for key, group in speedup.group_by(keys, maintain_order=True):
+            row = dict(zip(keys, key, strict=True))
+            for r in group.iter_rows(named=True):
+                row[r["metric"]] = fmt_interval(r["estimate"], r["ci_low"], r["ci_high"], r["interval"])
+                row["n"] = r["n_repeats"]
+                row["flag"] = row.get("flag", False) or (r["metric"] == "throughput" and r["below_one"])
+            pivot_rows.append(row)
+    pivot = pl.DataFrame(pivot_rows) if pivot_rows else pl.DataFrame()
+    metric_cols = [
+        Column(m.replace("_", " "), lambda r, m=m: r.get(m) or "–")
+        for m in ("throughput", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+    ]
+    sections.append(
+        Section(
+            "q1",
+            "Q1. Speedup by workload and load",
+            '<p class="note">Ratios against plain launched the same way (>1: faster), paired by workload, load and '
+            "repeat (repeat r of every variant is launched in one block of the campaign); estimate = mean of the "
+            f"per-repeat ratios, [interval] = {settings.confidence:.0%} bootstrap over repeats. With one repeat "
+            "there is no interval. Red rows: throughput speedup below 1.</p>"
+            + html_table(
+                pivot,
+                [*_load_cols(), *metric_cols, col("n", "repeats")],
+                row_class=lambda r: "flag" if r.get("flag") else "",
+                empty="no paired cells",
+            )
+            + chart("speedup_closed", "no closed-loop cells")
+            + (chart("speedup_open", "") if "speedup_open" in charts else "")
+            + "<h3>Crossover: the load above which a variant stops paying</h3>"
+            + html_table(
+                results.crossover,
+                [
+                    col("variant"),
+                    col("workload"),
+                    col("load_mode", "mode"),
+                    col("metric"),
+                    col("status"),
+                    col("crossover", "crossover load"),
+                    col("interval"),
+                    Column(
+                        "speedups by load",
+                        lambda r: ", ".join(
+                            f"{load:g}: {s:.3g}" for load, s in zip(r["loads"], r["speedups"], strict=True)
+                        ),
+                    ),
+                ],
+                empty="no variant has two loads",
+            ),
+        )
+    )
+
+    fits = results.fits
+    q2 = fits.filter(pl.col("question") == "Q2") if not fits.is_empty() else fits
+    fit_cols = [
+        col("method"),
+        col("predictor"),
+        col("response"),
+        col("n"),
+        col("n_deployments", "deployments"),
+        Column("slope [CI]", lambda r: fmt_interval(r["slope"], r["slope_low"], r["slope_high"], r["note"])),
+        Column(
+            "intercept [CI]",
+            lambda r: fmt_interval(r["intercept"], r["intercept_low"], r["intercept_high"], r["note"]),
+        ),
+        col("r2", "R²"),
+        col("p_value", "p"),
+        col("note"),
+    ]
+    sections.append(
+        Section(
+            "q2",
+            "Q2. How well acceptance predicts speed",
+            '<p class="note">Per method, each cell is a point: x = acceptance rate or mean acceptance length '
+            "(vLLM's, bonus token included), y = its speedup against the paired plain cell. Least-squares fits "
+            "(scipy linregress) with t intervals. Cells of one deployment are not independent replicates.</p>"
+            + html_table(q2, fit_cols, empty="no speculative cells with acceptance figures")
+            + chart("acceptance_positions", "no per-position acceptance counters"),
+        )
+    )
+
+    q3_fits = fits.filter(pl.col("question") == "Q3") if not fits.is_empty() else fits
+    sections.append(
+        Section(
+            "q3",
+            "Q3. Depth, step time and break-even",
+            '<p class="note">L = tokens per decode step = T / (T - accepted); step_k = TPOT_mean x L; '
+            "break-even L* = step_k / step_plain (plain's step is its TPOT). Speculation pays per token when L > L*. "
+            "Best = the highest throughput speedup among the depths of its method; red: speedup below 1.</p>"
+            + html_table(
+                results.depth,
+                [
+                    col("variant"),
+                    col("k"),
+                    col("workload"),
+                    col("load_label", "load"),
+                    Column(
+                        "step time ms [CI]",
+                        lambda r: fmt_interval(
+                            r["step_time_s"] * 1000 if r["step_time_s"] is not None else None,
+                            r["step_time_low"] * 1000 if r["step_time_low"] is not None else None,
+                            r["step_time_high"] * 1000 if r["step_time_high"] is not None else None,
+                            r["interval"],
+                        ),
+                    ),
+                    col("plain_step_time_s", "plain step ms", fmt_ms),
+                    col("tokens_per_step", "L"),
+                    col("break_even_tokens_per_step", "L*"),
+                    col("mean_acceptance_length", "vLLM mean acc. len"),
+                    col("throughput_speedup", "throughput speedup"),
+                    col("tpot_p50_speedup", "TPOT p50 speedup"),
+                    col("pays_per_token", "L > L*", fmt_bool),
+                    col("best", "best depth", fmt_bool),
+                ],
+                row_class=lambda r: "flag" if r["below_one"] else ("win" if r["best"] else ""),
+                empty="no speculative cells with step times",
+            )
+            + "<h3>Relative step time against k</h3>"
+            + html_table(q3_fits, [col("method"), col("workload"), *fit_cols[3:]], empty="no fits")
+            + chart("step_time", "no speculative cells with step times"),
+        )
+    )
+
+    sections.append(
+        Section(
+            "q4",
+            "Q4. N-gram or draft model?",
+            '<p class="note">Per workload and load, the best n-gram and the best draft-model depth under the '
+            "decision rule; the draft model is chosen over n-gram only when its own gain over n-gram is significant "
+            "(paired per repeat); KV-cache tokens as each deployment reported at start-up.</p>"
+            + html_table(
+                results.choice,
+                [
+                    col("workload"),
+                    col("load_label", "load"),
+                    col("choice"),
+                    Column(
+                        "n-gram",
+                        lambda r: (
+                            f"{r['ngram_variant']}: "
+                            + fmt_interval(r["ngram_speedup"], r["ngram_low"], r["ngram_high"], "no interval")
+                        ),
+                    ),
+                    Column(
+                        "draft model",
+                        lambda r: (
+                            f"{r['draft_variant']}: "
+                            + fmt_interval(r["draft_speedup"], r["draft_low"], r["draft_high"], "no interval")
+                        ),
+                    ),
+                    Column(
+                        "draft / n-gram",
+                        lambda r: fmt_interval(
+                            r["draft_over_ngram"],
+                            r["draft_over_ngram_low"],
+                            r["draft_over_ngram_high"],
+                            r["interval"],
+                        ),
+                    ),
+                    col("kv_tokens_plain", "KV tokens plain"),
+                    col("kv_tokens_ngram", "KV n-gram"),
+                    col("kv_tokens_draft", "KV draft"),
+                    col("draft_kv_loss", "draft KV loss", fmt_pct),
+                    col("kv_usage_peak_draft", "peak KV use (draft)", fmt_pct),
+                    col("preemptions_draft", "preemptions (draft)"),
+                    col("reason"),
+                    col("indicative"),
+                ],
+                empty="the campaign does not have both an n-gram and a draft-model variant",
+            ),
+        )
+    )
+
+    mode = "open" if has_rate_sweep(data) else "closed"
+    sections.append(
+        Section(
+            "q5",
+            "Q5. Sustainable rate under the SLO",
+            f"<p>{html.escape(q5_statement(data, results.capacity))}</p>"
+            f'<p class="note">SLO: p99 TTFT &lt;= {data.slo[0]} s, p99 TPOT &lt;= {data.slo[1]} s (campaign spec).</p>'
+            + html_table(
+                results.capacity,
+                [
+                    col("variant"),
+                    col("workload"),
+                    col("load_mode", "mode"),
+                    col("sustainable_load", "sustainable"),
+                    col("first_violation_load", "first violation"),
+                    col("goodput_rps_at_sustainable", "goodput rps"),
+                    col("ttft_p99_s_at_sustainable", "TTFT p99 s"),
+                    col("tpot_p99_s_at_sustainable", "TPOT p99 s"),
+                    col("gain_vs_plain", "x plain"),
+                    col("kv_cache_tokens", "KV tokens"),
+                    col("kv_loss_vs_plain", "KV loss", fmt_pct),
+                    col("verdict"),
+                ],
+                empty="no capacity rows",
+            )
+            + chart(f"capacity_{mode}", "no capacity data"),
+        )
+    )
+
+    sections.append(
+        Section(
+            "latency",
+            "Latency distributions and the throughput-latency trade-off",
+            chart("latency", "no request rows")
+            + chart("itl", "no streamed chunks")
+            + chart("pareto", "no cells"),
+        )
+    )
+    if "waste" in charts:
+        sections.append(Section("waste", "Where engine time went (profiles)", chart("waste", "")))
+
+    gates = data.gates
+    sections.append(
+        Section(
+            "gates",
+            "Correctness gate verdicts",
+            html_table(
+                gates,
+                [
+                    col("treatment_variant", "variant"),
+                    col("passed", "passed", fmt_bool),
+                    col("outcome"),
+                    col("n_prompts", "prompts"),
+                    col("exact_match_rate", "exact match", fmt_pct),
+                    col("envelope_exact_match_min", "control envelope min", fmt_pct),
+                    col("verdict"),
+                    col("verdict_id", "verdict id"),
+                ],
+                row_class=lambda r: "win" if r["passed"] else "flag",
+                empty="no gate verdicts in the warehouse for this campaign: no variant can win",
+            ),
+        )
+    )
+
+    campaign = data.campaign
+    host = campaign.get("host") or {}
+    deployments = (
+        data.deployments.with_columns(pl.col("engine_command").list.join(" ").alias("command"))
+        if not data.deployments.is_empty()
+        else data.deployments
+    )
+    provenance = (
+        "<table>"
+        + "".join(
+            f"<tr><th>{html.escape(k)}</th><td>{html.escape('–' if v is None else str(v))}</td></tr>"
+            for k, v in (
+                ("campaign", campaign["campaign_id"]),
+                ("spec name", campaign.get("spec_name")),
+                ("status", campaign.get("status")),
+                ("created (UTC)", campaign.get("created_utc")),
+                ("last run (UTC)", campaign.get("last_run_utc")),
+                (
+                    "measured with specgauge",
+                    f"{campaign.get('specgauge_version')} @ {campaign.get('git_revision')}",
+                ),
+                ("host", ", ".join(f"{k}={v}" for k, v in host.items()) or campaign.get("hostname")),
+                (
+                    "engine versions",
+                    ", ".join(sorted({str(v) for v in data.deployments["engine_version"].to_list()}))
+                    if not data.deployments.is_empty()
+                    else "–",
+                ),
+                ("analysis", f"{analysis['analysis_id']} at {analysis['created_utc']}"),
+                ("analysed with specgauge", f"{analysis['specgauge_version']} @ {analysis['git_revision']}"),
+                (
+                    "analysis settings",
+                    f"confidence {settings.confidence:.0%}, {settings.resamples} bootstrap "
+                    f"resamples, seed {settings.seed}, gain = {settings.gain_metric} speedup",
+                ),
+            )
+        )
+        + "</table>"
+    )
+    sections.append(
+        Section(
+            "provenance",
+            "Provenance",
+            provenance
+            + "<h3>Deployments</h3>"
+            + html_table(
+                deployments,
+                [
+                    col("deployment_id", "deployment"),
+                    col("variant"),
+                    col("repeat"),
+                    col("launcher"),
+                    col("engine_version", "engine"),
+                    col("kv_cache_tokens", "KV tokens"),
+                    col("ready_s", "ready s"),
+                    col("status"),
+                    col("command", "engine command", str),
+                ],
+                empty="no deployments",
+            )
+            + "<h3>Spec</h3><pre>"
+            + html.escape(json.dumps(data.spec, indent=2, sort_keys=True))
+            + "</pre>",
+        )
+    )
+    return sections

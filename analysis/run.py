@@ -1,0 +1,285 @@
+"""One analysis of one campaign, end to end: read the warehouse, answer the questions, store the results in
+the `analysis_*` tables, draw the charts and write the report.
+
+    read (warehouse snapshot) -> compute (plain functions of frames) -> store (writer, one transaction)
+    -> charts + report (built in a temporary folder, then moved into SPECGAUGE_HOME/reports/<campaign_id>/)
+
+`analyze_campaign` is what the Prefect flow (flows/analyze.py) and `specgauge analyze` call.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analysis import charts as ch
+from analysis.acceptance import acceptance_fits, per_position
+from analysis.capacity import capacity_table, has_rate_sweep
+from analysis.choice import choice_table
+from analysis.crossover import crossover_table
+from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
+from analysis.decision import decide, rule_text
+from analysis.depth import depth_table, step_chart_points, step_time_fits
+from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
+from analysis.speedup import speedup_table
+from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
+from specgauge.errors import SpecgaugeError
+from specgauge.provenance import git_revision, specgauge_version, utc_stamp
+from specgauge.settings import get_settings
+from warehouse.db import default_path, reader, writer
+from warehouse.lock import WaitCallback
+
+PAIRING = (
+    "per-repeat ratios against the plain cell of the same workload, load and repeat (repeat r of every variant "
+    "is launched in one block, in a shuffled order); intervals: bootstrap over repeats"
+)
+
+
+class ReportError(SpecgaugeError):
+    """The report page could not be written as a self-contained page."""
+
+
+@dataclass
+class Results:
+    settings: AnalysisSettings
+    speedup: pl.DataFrame
+    decisions: pl.DataFrame
+    fits: pl.DataFrame
+    depth: pl.DataFrame
+    choice: pl.DataFrame
+    capacity: pl.DataFrame
+    crossover: pl.DataFrame
+    per_position: pl.DataFrame
+    step_points: pl.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
+
+
+def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Results:
+    """Every question's table from one campaign's frames. Pure: no I/O."""
+    settings = settings or AnalysisSettings()
+    speedup = speedup_table(data, settings)
+    decisions = decide(data, speedup, settings)
+    fits = pl.concat([acceptance_fits(data, settings), step_time_fits(data, settings)], how="vertical")
+    results = Results(
+        settings=settings,
+        speedup=speedup,
+        decisions=decisions,
+        fits=fits,
+        depth=depth_table(data, speedup, settings),
+        choice=choice_table(data, speedup, decisions, settings),
+        capacity=capacity_table(data),
+        crossover=crossover_table(speedup, settings),
+        per_position=per_position(data),
+        step_points=step_chart_points(data),
+    )
+    results.notes = campaign_notes(data, results)
+    return results
+
+
+def campaign_notes(data: CampaignData, results: Results) -> list[str]:
+    """What a reader must know before trusting the tables."""
+    notes = []
+    if data.cells.is_empty():
+        notes.append("the campaign has no successful cells in the warehouse: nothing to analyse")
+    if data.repeats == 1:
+        notes.append(
+            "one repeat (one deployment per variant): no interval can be drawn (n=1), so under the decision "
+            "rule no variant can win; point estimates are shown for orientation only. Set `repeats: 3` or more."
+        )
+    failed = data.campaign.get("failed_cells") or []
+    if failed:
+        notes.append(f"{len(failed)} cell(s) failed and are left out: {', '.join(failed[:10])}")
+    if data.gates.is_empty() and not data.cells.filter(pl.col("method") != "none").is_empty():
+        notes.append("no correctness-gate verdict in the warehouse: no variant can win until one passes")
+    if not has_rate_sweep(data):
+        notes.append("no open-loop rate sweep (`load.rates`): Q5's sustainable rate cannot be measured")
+    bursts = data.cells.filter((pl.col("tpot_p50_s") == 0) | (pl.col("ttft_p50_s") == 0))
+    if bursts.height:
+        notes.append(
+            f"{bursts.height} cell(s) have a median TPOT or TTFT of 0 s: most of their responses reached the "
+            "client in one burst (the stream was not observed token by token, e.g. a starved or buffering "
+            "client), so their ratios for that metric are left out: "
+            + ", ".join(bursts["cell_id"].to_list()[:8])
+        )
+    unchecked = data.cells.filter(pl.col("check_tokens_per_chunk_ok") == False)  # noqa: E712
+    if unchecked.height:
+        notes.append(
+            f"{unchecked.height} cell(s) failed the tokens-per-chunk cross-check (chunks are not decode steps): "
+            + ", ".join(unchecked["cell_id"].to_list()[:6])
+        )
+    return notes
+
+
+@dataclass
+class AnalysisResult:
+    campaign_id: str
+    analysis_id: str
+    db_path: Path
+    report: Path | None
+    charts: list[ch.ChartFiles]
+    rows: dict[str, int]
+    results: Results
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        decisions = self.results.decisions
+        return {
+            "campaign_id": self.campaign_id,
+            "analysis_id": self.analysis_id,
+            "db_path": str(self.db_path),
+            "report": str(self.report) if self.report else None,
+            "tables": [RUNS_TABLE, *ANALYSIS_TABLES],
+            "rows": self.rows,
+            "charts": {c.name: {"html": str(c.html), "png": str(c.png)} for c in self.charts},
+            "winners": [
+                f"{r['variant']} {r['workload']} {r['load_label']}"
+                for r in decisions.filter(pl.col("wins")).iter_rows(named=True)
+            ]
+            if not decisions.is_empty()
+            else [],
+            "notes": self.results.notes,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def analyze_campaign(
+    campaign_id: str | None = None,
+    db_path: Path | str | None = None,
+    *,
+    settings: AnalysisSettings | None = None,
+    reports_dir: Path | str | None = None,
+    render: bool = True,
+    lock_timeout_s: float | None = 300.0,
+    on_wait: WaitCallback | None = None,
+    write_guard: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> AnalysisResult:
+    """Analyse a campaign (default: the latest in the warehouse); store its tables; write its report.
+
+    `write_guard` wraps the warehouse write (the Prefect flow passes its global concurrency limit)."""
+    started = time.monotonic()
+    settings = settings or AnalysisSettings()
+    db = Path(db_path) if db_path is not None else default_path()
+    with reader(db, on_wait=on_wait) as con:
+        data = load_campaign(con, campaign_id)
+        latencies = latency_quantiles(con, data.campaign_id)
+    results = compute(data, settings)
+    analysis_id = f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
+    folder = Path(reports_dir or get_settings().reports_dir) / data.campaign_id
+    run = {
+        "created_utc": datetime.now(UTC).replace(tzinfo=None),
+        "confidence": settings.confidence,
+        "resamples": settings.resamples,
+        "crossover_resamples": settings.crossover_resamples,
+        "seed": settings.seed,
+        "gain_metric": settings.gain_metric,
+        "min_success_rate": settings.min_success_rate,
+        "repeats": data.repeats,
+        "decision_rule": rule_text(settings),
+        "pairing": PAIRING,
+        "specgauge_version": specgauge_version(),
+        "git_revision": git_revision(),
+        "report_path": str(folder / "index.html") if render else None,
+        "notes": results.notes,
+    }
+    guard = write_guard() if write_guard else nullcontext()
+    with guard, writer(db, timeout_s=lock_timeout_s, on_wait=on_wait) as con:
+        run["seconds"] = time.monotonic() - started
+        rows = store_results(con, data.campaign_id, analysis_id, run, results.tables())
+    report, chart_files = None, []
+    if render:
+        report, chart_files = write_report(
+            folder, data, results, latencies, {"analysis_id": analysis_id, **run}
+        )
+    return AnalysisResult(
+        campaign_id=data.campaign_id,
+        analysis_id=analysis_id,
+        db_path=db,
+        report=report,
+        charts=chart_files,
+        rows=rows,
+        results=results,
+        seconds=time.monotonic() - started,
+    )
+
+
+CHART_TITLES = {
+    "speedup_closed": "Speedup against concurrency",
+    "speedup_open": "Speedup against offered rate",
+    "latency": "Request latency distributions",
+    "itl": "Inter-token latency: chunk gap and ITL per token",
+    "acceptance_positions": "Per-position acceptance",
+    "pareto": "Throughput against latency (Pareto)",
+    "capacity_open": "Capacity curves (open loop)",
+    "capacity_closed": "Capacity curves (closed loop)",
+    "step_time": "Inferred step time against k",
+    "waste": "Waste breakdown (profiles)",
+}
+
+
+def build_charts(data: CampaignData, results: Results, latencies: pl.DataFrame) -> dict[str, Any]:
+    """name -> Altair chart, for every chart this campaign has data for."""
+    confidence = results.settings.confidence
+    candidates = {
+        "speedup_closed": ch.speedup_chart(results.speedup, "closed", confidence),
+        "speedup_open": ch.speedup_chart(results.speedup, "open", confidence),
+        "latency": ch.request_latency_chart(latencies),
+        "itl": ch.itl_chart(latencies),
+        "acceptance_positions": ch.position_chart(results.per_position),
+        "pareto": ch.pareto_chart(data.cells),
+        "capacity_open": ch.capacity_chart(data.capacity, "open"),
+        "capacity_closed": ch.capacity_chart(data.capacity, "closed"),
+        "step_time": ch.step_chart(results.step_points),
+        "waste": ch.waste_chart(data.waste),
+    }
+    return {name: chart for name, chart in candidates.items() if chart is not None}
+
+
+def write_report(
+    folder: Path, data: CampaignData, results: Results, latencies: pl.DataFrame, analysis: dict[str, Any]
+) -> tuple[Path, list[ch.ChartFiles]]:
+    """Charts (HTML + PNG) and index.html, built beside the final folder and moved into place at the end."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    build = folder.with_name(f".{folder.name}.build-{os.getpid()}")
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir()
+    try:
+        embedded: dict[str, tuple[ch.ChartFiles, dict[str, Any]]] = {}
+        files = []
+        for name, chart in build_charts(data, results, latencies).items():
+            saved = ch.save_chart(chart, build, name, CHART_TITLES[name])
+            files.append(saved)
+            embedded[name] = (saved, chart.to_dict())
+        title = f"specgauge report: {data.campaign_id}"
+        intro = (
+            f'<p class="note">Campaign <b>{data.campaign_id}</b> ({data.campaign.get("spec_name")}), '
+            f"{data.cells.height} measured cells over {data.repeats} repeat(s). Generated "
+            f"{analysis['created_utc']:%Y-%m-%d %H:%M:%S} UTC by analysis {analysis['analysis_id']}. "
+            "This page makes no network request; every chart is also beside it as HTML and PNG.</p>"
+        )
+        page = render_page(title, intro, campaign_sections(data, results, embedded, analysis), vega_bundle())
+        outside = external_references(page)
+        if outside:
+            raise ReportError(f"the report would fetch from outside the page: {', '.join(outside[:5])}")
+        (build / "index.html").write_text(page, encoding="utf-8")
+        replace_folder(build, folder)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    moved = [ch.ChartFiles(f.name, f.title, folder / f.html.name, folder / f.png.name) for f in files]
+    return folder / "index.html", moved
+
+
+def report_path(campaign_id: str, reports_dir: Path | str | None = None) -> Path:
+    return Path(reports_dir or get_settings().reports_dir) / campaign_id / "index.html"

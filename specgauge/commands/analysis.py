@@ -1,0 +1,155 @@
+"""`specgauge analyze` and `specgauge report`: answer the research questions for a campaign of the warehouse
+and print where its report is. Thin shells over analysis.run; the report page's path is always the LAST line
+printed, so scripts can take it with `tail -1`. Expected failures print one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+DbOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--db",
+        help="DuckDB warehouse file. Default: SPECGAUGE_WAREHOUSE, else SPECGAUGE_HOME/warehouse.duckdb.",
+        dir_okay=False,
+    ),
+]
+ReportsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--reports-dir",
+        help="Where report folders go (<dir>/<campaign_id>/index.html). Default: SPECGAUGE_HOME/reports.",
+        file_okay=False,
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code=2)
+
+
+def _say_waiting(message: str) -> None:
+    err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
+
+
+def _run(campaign_id: str | None, db: Path | None, reports_dir: Path | None, resamples: int | None = None):
+    from analysis.data import AnalysisSettings
+    from analysis.run import analyze_campaign
+    from specgauge.errors import SpecgaugeError
+
+    settings = AnalysisSettings() if resamples is None else AnalysisSettings(resamples=resamples)
+    try:
+        return analyze_campaign(
+            campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=_say_waiting
+        )
+    except SpecgaugeError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _print_summary(result) -> None:
+    decisions = result.results.decisions
+    table = Table(title=f"decisions for {result.campaign_id}", title_justify="left")
+    for column in ("variant", "workload", "load", "gain [interval]", "success", "gate", "wins", "reason"):
+        table.add_column(column)
+    for r in decisions.iter_rows(named=True):
+        gain = (
+            "–"
+            if r["estimate"] is None
+            else f"{r['estimate']:.3g} "
+            + (
+                f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]"
+                if r["ci_low"] is not None
+                else f"({r['interval']})"
+            )
+        )
+        table.add_row(
+            r["variant"],
+            r["workload"],
+            r["load_label"],
+            gain,
+            "–" if r["success_rate"] is None else f"{r['success_rate']:.1%}",
+            {True: "passed", False: "FAILED"}.get(r["gate_passed"], "none"),
+            "yes" if r["wins"] else "no",
+            r["reason"],
+        )
+    console.print(table)
+    for note in result.results.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    rows = ", ".join(f"{t} {n}" for t, n in result.rows.items())
+    console.print(
+        f"analysis {result.analysis_id}: {rows}; {result.seconds:.1f} s", markup=False, highlight=False
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("analyze")
+    def analyze_cmd(
+        campaign_id: Annotated[
+            str | None,
+            typer.Argument(
+                help="Campaign to analyse (see `specgauge sql 'SELECT campaign_id FROM campaigns'`). "
+                "Default: the latest campaign in the warehouse."
+            ),
+        ] = None,
+        db: DbOption = None,
+        reports_dir: ReportsOption = None,
+        resamples: Annotated[
+            int | None, typer.Option(help="Bootstrap resamples per interval (default 9999).", min=99)
+        ] = None,
+    ) -> None:
+        """Answer the five research questions for a campaign already in the warehouse.
+
+        Speedups against plain with bootstrap intervals over repeats, acceptance fits, depth and break-even,
+        n-gram vs draft model, capacity under the SLO, crossover loads, and the decision rule. Results replace
+        the campaign's rows in the `analysis_*` tables (one transaction); charts (HTML + PNG) and a
+        self-contained report page go to SPECGAUGE_HOME/reports/<campaign_id>/. The last line printed is the
+        report page's path.
+        """
+        result = _run(campaign_id, db, reports_dir, resamples)
+        _print_summary(result)
+        typer.echo(str(result.report))
+
+    @app.command("report")
+    def report_cmd(
+        campaign_id: Annotated[
+            str | None, typer.Argument(help="Campaign whose report to show (or use --latest).")
+        ] = None,
+        latest: Annotated[
+            bool, typer.Option("--latest", help="The latest campaign in the warehouse.")
+        ] = False,
+        refresh: Annotated[
+            bool, typer.Option("--refresh", help="Re-analyse even when the report already exists.")
+        ] = False,
+        db: DbOption = None,
+        reports_dir: ReportsOption = None,
+    ) -> None:
+        """Print the path of a campaign's report page (LAST line), analysing the campaign first when it has no
+        report yet (or with --refresh). Give a campaign id or --latest."""
+        from analysis.data import resolve_campaign_id
+        from analysis.run import report_path
+        from specgauge.errors import SpecgaugeError
+        from warehouse.db import reader
+
+        if (campaign_id is None) == (not latest):
+            raise _fail("give a campaign id or --latest (not both)")
+        try:
+            with reader(db, on_wait=_say_waiting) as con:
+                resolved = resolve_campaign_id(con, campaign_id)
+        except SpecgaugeError as exc:
+            raise _fail(str(exc)) from None
+        path = report_path(resolved, reports_dir)
+        if refresh or not path.is_file():
+            result = _run(resolved, db, reports_dir)
+            _print_summary(result)
+            path = result.report
+        typer.echo(str(path))

@@ -1,0 +1,117 @@
+"""The analyze flow on a real Prefect API: it returns the report and links it as an artifact; and one
+analysis of the real demo campaign, run by the campaign flow on the embedded engine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+from analysis_fixtures import PlantedBuilder, profile
+from warehouse_fixtures import make_spec
+
+from warehouse.db import reader
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[None]:
+    """A Prefect API server for this module (prefect_test_harness), tuned as docs/prefect facts say."""
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
+    from specgauge.prefect_env import configure
+
+    configure()
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with (
+        prefect_test_harness(server_startup_timeout=90),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
+        yield
+
+
+def _artifact(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert found, f"no artifact {key}"
+    return found[0]
+
+
+@pytest.mark.server
+def test_analyze_flow_returns_the_report_and_links_it(prefect_api: None, tmp_path: Path) -> None:
+    from flows.analyze import analyze
+
+    def plant(variant, repeat, workload, load):
+        fast = {"plain": 1.0, "ngram-k3": 1.2, "draft-k3": 1.5}[variant]
+        return profile(0.02 / fast * (1.01, 0.99)[repeat], None if variant == "plain" else 0.4)
+
+    builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("flow", repeats=2), plant=plant)
+    db = builder.build(tmp_path / "w.duckdb")
+
+    result = analyze(db=str(db), reports_dir=str(tmp_path / "reports"))  # None: the latest campaign
+
+    assert result["campaign_id"] == builder.campaign_id
+    report = Path(result["report"])
+    assert report == tmp_path / "reports" / builder.campaign_id / "index.html" and report.is_file()
+    assert "analysis_decisions" in result["tables"] and "analysis_runs" in result["tables"]
+    assert sorted(result["winners"]) == [
+        f"{v} chat {c}" for v in ("draft-k3", "ngram-k3") for c in ("c1", "c4")
+    ]
+    link = _artifact(builder.campaign_id.lower() + "-analysis")
+    assert report.as_uri() in str(link.data)  # Prefect stores a link artifact as a markdown link
+    summary = _artifact(builder.campaign_id.lower() + "-analysis-summary")
+    assert "draft-k3 chat c1" in str(summary.data)
+
+
+@pytest.mark.engine
+@pytest.mark.server
+def test_analysis_of_the_real_demo_campaign(prefect_api: None, engines, tmp_path: Path) -> None:
+    """The demo spec's campaign flow on the embedded engine (plain, n-gram, draft model; one repeat), then
+    its analysis: every table filled, honest about its single repeat, and the report written."""
+    engines.stop()  # one engine at a time on this machine: the campaign launches its own
+    from flows.campaign import campaign
+
+    result = campaign(spec="experiments/demo.yaml")
+
+    analysis = result["analysis"]
+    report = Path(analysis["report"])
+    assert report.is_file() and report.name == "index.html"
+    campaign_id = result["campaign_id"]
+    with reader() as con:
+        decisions = con.sql(
+            "SELECT * FROM analysis_decisions WHERE campaign_id = $c", params={"c": campaign_id}
+        ).pl()
+        speedup = con.sql(
+            "SELECT * FROM analysis_speedup WHERE campaign_id = $c", params={"c": campaign_id}
+        ).pl()
+        depth = con.sql("SELECT * FROM analysis_depth WHERE campaign_id = $c", params={"c": campaign_id}).pl()
+        runs = con.sql("SELECT * FROM analysis_runs WHERE campaign_id = $c", params={"c": campaign_id}).pl()
+    # 2 speculative variants x 3 workloads x 2 concurrencies, each judged; one repeat: no interval, no win
+    assert decisions.height == 12
+    assert set(decisions["workload"]) == {"chat", "code", "summarization"}
+    assert not decisions["wins"].any()
+    assert decisions["reason"].str.contains("n=1, no interval").all()
+    assert (speedup["interval"] == "n=1, no interval").all() and speedup["ci_low"].is_null().all()
+    assert speedup.filter(pl.col("metric") == "throughput")["estimate"].is_between(0.05, 20).all()
+    # measured step times and tokens per step; break-even consistent with the measured TPOT ratio
+    assert (depth["step_time_s"] > 0).all() and (depth["tokens_per_step"] >= 1).all()
+    assert runs.height == 1 and runs["repeats"][0] == 1
+    html = report.read_text()
+    assert "n=1, no interval" in html and "Decision rule." in html
+    assert "0.32" in html and "vllm" in html.lower()  # provenance: engine version and command
+    for chart in (
+        "speedup_closed",
+        "latency",
+        "itl",
+        "acceptance_positions",
+        "pareto",
+        "step_time",
+        "capacity_closed",
+    ):
+        assert (report.parent / f"{chart}.png").is_file() and (report.parent / f"{chart}.html").is_file()

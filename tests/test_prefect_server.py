@@ -1,0 +1,199 @@
+"""End to end the way the UI does it: a real Prefect server, deployments from prefect.yaml, a process
+worker, a flow run created through the API, waited on to Completed; and a cancelled run leaves no engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tasks.launch.local import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = str(REPO / "tests" / "data" / "specs" / "tiny.yaml")
+
+pytestmark = [pytest.mark.server, pytest.mark.engine]
+
+
+def engine_pids(home: Path) -> list[int]:
+    """Engine processes started for this test's SPECGAUGE_HOME (their log lives under it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "vllm.entrypoints.openai.api_server" in cmd and str(home) in (proc.info["cwd"] or ""):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[dict[str, str]]:
+    home = tmp_path_factory.mktemp("prefect-e2e")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_PROFILE": "server",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "2",
+        "SPECGAUGE_HOME": str(home / "specgauge"),
+        "SPECGAUGE_REPO": str(REPO),
+    }
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--analytics-off",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = None
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (home / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        deploy = subprocess.run(
+            [sys.executable, "-m", "specgauge.cli", "prefect", "deploy"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "specgauge"],
+            env=env,
+            cwd=REPO,
+            stdout=open(home / "worker.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        yield {
+            "api": f"http://127.0.0.1:{port}/api",
+            "home": str(home),
+            "specgauge_home": env["SPECGAUGE_HOME"],
+            "env": json.dumps(env),
+        }
+    finally:
+        for p in (worker, proc):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)  # the worker ignores a first SIGTERM at times
+
+
+def api(server: dict[str, str], method: str, path: str, **kwargs) -> httpx.Response:
+    response = httpx.request(method, f"{server['api']}{path}", timeout=30, **kwargs)
+    response.raise_for_status()
+    return response
+
+
+def run_deployment(server: dict[str, str], name: str, parameters: dict) -> str:
+    """Create a flow run from a deployment exactly as the UI's 'Run' button does."""
+    deployment = api(server, "GET", f"/deployments/name/campaign/{name}").json()
+    run = api(
+        server,
+        "POST",
+        f"/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": parameters, "state": {"type": "SCHEDULED"}},
+    ).json()
+    return run["id"]
+
+
+def wait_state(server: dict[str, str], run_id: str, final: set[str], timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = api(server, "GET", f"/flow_runs/{run_id}").json()
+        if run["state"]["type"] in final:
+            return run
+        time.sleep(2)
+    worker_log = (Path(server["home"]) / "worker.log").read_text()[-4000:]
+    raise AssertionError(f"flow run {run_id} not in {final} after {timeout_s}s; worker log:\n{worker_log}")
+
+
+def test_deployments_from_prefect_yaml_exist_with_a_nightly_schedule(server) -> None:
+    names = {d["name"] for d in api(server, "POST", "/deployments/filter", json={}).json()}
+    assert {"campaign", "regression", "analyze"} <= names
+    regression = api(server, "GET", "/deployments/name/regression/regression").json()
+    assert [s["schedule"]["cron"] for s in regression["schedules"]] == ["0 2 * * *"]
+
+
+def test_a_ui_triggered_campaign_completes_and_lands_in_the_warehouse(server) -> None:
+    run_id = run_deployment(server, "campaign", {"spec": TINY, "gate": False})
+    run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    env = json.loads(server["env"])
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specgauge.cli",
+            "sql",
+            "--format",
+            "json",
+            "SELECT campaign_id, variant, requests_ok FROM v_cells",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows and all(r["campaign_id"].startswith("tiny-") and r["requests_ok"] == 3 for r in rows)
+    assert engine_pids(Path(server["specgauge_home"])) == []
+
+
+def test_a_cancelled_campaign_leaves_no_engine_process(server) -> None:
+    home = Path(server["specgauge_home"])
+    run_id = run_deployment(server, "campaign", {"spec": TINY, "label": "to-cancel", "gate": False})
+    deadline = time.monotonic() + 600
+    while not engine_pids(home):  # cancel while the engine is up (starting or serving)
+        assert time.monotonic() < deadline, "the engine never started"
+        time.sleep(1)
+    api(
+        server,
+        "POST",
+        f"/flow_runs/{run_id}/set_state",
+        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+    )
+    run = wait_state(server, run_id, {"CANCELLED", "FAILED", "CRASHED", "COMPLETED"}, timeout_s=180)
+    assert run["state"]["type"] == "CANCELLED", run["state"]
+    deadline = time.monotonic() + 60
+    while engine_pids(home) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert engine_pids(home) == [], "an engine survived the cancellation"
