@@ -61,10 +61,15 @@ def reap() -> None:
 
 # Each area registers its own commands (specgauge/commands/<area>.py exposes register(app)).
 COMMAND_MODULES: list[str] = [
+    "analysis",
     "blocks",
     "campaign",
+    "emulator",
     "gate",
     "metrics",
+    "patches",
+    "profile",
+    "warehouse",
 ]
 
 
