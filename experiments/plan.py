@@ -10,7 +10,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.spec import ExperimentSpec, Variant
+from experiments.spec import SAFE_NAME, ExperimentSpec, Variant
+from specgauge.errors import SpecError
 from workloads.schema import Corpus, load_corpus
 
 
@@ -58,6 +59,12 @@ def spec_digest(spec: ExperimentSpec) -> str:
 
 
 def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
+    if label and not SAFE_NAME.fullmatch(label):
+        # The label becomes part of directory names, deployment ids and job names on clusters.
+        raise SpecError(
+            f"label {label!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
+            "digit, and be at most 48 characters"
+        )
     return f"{spec.name}-{spec_digest(spec)[:8]}" + (f"-{label}" if label else "")
 
 
@@ -83,8 +90,6 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
         strata = ref.strata or tuple(corpus.strata)
         missing = sorted(set(strata) - set(corpus.strata))
         if missing:
-            from specgauge.errors import SpecError
-
             raise SpecError(
                 f"workloads: {ref.file} has no stratum {', '.join(missing)} (it has {corpus.strata})"
             )

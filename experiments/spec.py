@@ -144,7 +144,9 @@ class LoadSpec(Strict):
     warmup: int = Field(default=2, ge=0, description="Warm-up requests per cell, excluded.")
     time_cap_s: float = Field(default=600.0, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
-    gauge_interval_s: float = Field(default=0.5, gt=0)
+    # Each /metrics scrape stalls vLLM's API server briefly (benchmarks/gauge_observer_effect.py): sample
+    # sparingly, so the gauges do not disturb the latencies they accompany.
+    gauge_interval_s: float = Field(default=2.0, gt=0, description="Seconds between gauge scrapes.")
 
     @model_validator(mode="after")
     def some_load(self) -> LoadSpec:
@@ -200,6 +202,13 @@ class LocalLauncher(Strict):
     host: str = "127.0.0.1"
     kv_cache_gib: float = Field(default=1.0, gt=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)
+    # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
+    # 2-core machine, starves the API server: whole responses then arrive in one burst (TTFT = E2E).
+    # The uniprocess executor runs the worker inside the engine core; measured: 7 of 16 streams burst
+    # with the default, 0 of 16 with "uni" (docs/performance.md, "Embedded engine").
+    uniprocess_executor: bool = Field(
+        default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
+    )
 
 
 class EndpointLauncher(Strict):

@@ -43,9 +43,20 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
-        yield tmp
+        tmp.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"could not write artifact {final}: {exc}") from exc
+    try:
+        try:
+            yield tmp
+        except ArtifactError:
+            raise
+        except Exception as exc:  # a write failed (disk full, quota, ...): say which artifact, keep nothing
+            raise ArtifactError(
+                f"could not write artifact {final}: {exc}; nothing was kept (its temporary directory "
+                "was removed)"
+            ) from exc
         for path in tmp.iterdir():
             _fsync(path)
         try:
@@ -82,10 +93,16 @@ def write_json_atomic(final: Path, data: Any) -> None:
         raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    write_json(tmp, data)
-    _fsync(tmp)
-    os.link(tmp, final)  # fails if final exists: no overwrite even under a race
-    tmp.unlink()
+    try:
+        write_json(tmp, data)
+        _fsync(tmp)
+        os.link(tmp, final)  # fails if final exists: no overwrite even under a race
+    except FileExistsError:
+        raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten") from None
+    except OSError as exc:  # disk full, quota, ...: no half-written file stays behind
+        raise ArtifactError(f"could not write artifact {final}: {exc}; nothing was kept") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_json(path: Path) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import polars as pl
 
 from experiments.plan import CellPlan
@@ -98,7 +99,6 @@ async def _measure(
         if on_record is not None:
             on_record(record)
 
-    max_connections = max(plan.concurrency or 0, 64)
     api_key = deployment.api_key.get_secret_value() if deployment.api_key else None
     async with (
         StreamingClient(
@@ -106,7 +106,7 @@ async def _measure(
             deployment.served_model_name,
             api_key=api_key,
             timeout_s=load.request_timeout_s,
-            max_connections=max_connections,
+            max_connections=plan.connections(),
         ) as client,
         GaugeSampler(
             deployment.metrics_url,
@@ -124,12 +124,60 @@ async def _measure(
             before_measured=window.open,
             after_measured=window.close,
             on_record=keep,
+            t0=t0,  # one clock for records, gauges and the window's scrape times
         )
         gauges = sampler.frame()
         failures = sampler.failures
-    # The sampler's clock started a moment before the runner's: put gauges on the records' clock.
-    gauges = gauges.with_columns(pl.col("t_s") + (t0 - result.t0_perf))
     return result, window, gauges, failures
+
+
+def prompt_fit_problems(
+    deployment: Deployment, prompts: Sequence[Prompt], sampling: Sampling, *, timeout_s: float = 30.0
+) -> tuple[list[str], str | None]:
+    """Prompts that cannot be served as asked: prompt tokens plus max_tokens above the server's
+    max_model_len. vLLM refuses a prompt longer than its context (HTTP 400) and silently shortens
+    max_tokens when only the answer does not fit, which would change what is measured. Tokens are counted
+    by the server's own `/tokenize` (chat template included), so no tokenizer is needed here.
+
+    Returns (one problem per prompt, naming its id; why the check was skipped, or None). Servers without a
+    vLLM-style `/tokenize` (gateways, the emulator) skip the check; their requests still fail one by one,
+    classified, if a prompt does not fit.
+    """
+    problems: list[str] = []
+    url = f"{deployment.base_url}/tokenize"
+    with httpx.Client(timeout=timeout_s, headers=deployment.headers()) as client:
+        for prompt in prompts:
+            body = {
+                "model": deployment.served_model_name,
+                "messages": prompt.chat_messages(),
+                "add_generation_prompt": True,
+            }
+            try:
+                response = client.post(url, json=body)
+            except httpx.HTTPError as exc:
+                return [], f"{url} unreachable ({type(exc).__name__}: {exc})"
+            if response.status_code != 200:
+                return [], f"{url} answered HTTP {response.status_code}"
+            try:
+                answer = response.json()
+                count = int(answer["count"])
+                limit = int(answer.get("max_model_len") or deployment.max_model_len or 0)
+            except (ValueError, KeyError, TypeError):
+                return [], f"{url} did not answer vLLM's {{count, max_model_len}}"
+            if limit <= 0:
+                return [], "the server's max_model_len is unknown"
+            max_tokens = sampling.max_tokens or prompt.max_tokens
+            if count > limit:
+                problems.append(
+                    f"prompt {prompt.id!r}: {count} prompt tokens exceed max_model_len {limit} "
+                    "(the server refuses it)"
+                )
+            elif count + max_tokens > limit:
+                problems.append(
+                    f"prompt {prompt.id!r}: {count} prompt tokens + max_tokens {max_tokens} exceed "
+                    f"max_model_len {limit} (the server would cut its answer to {limit - count} tokens)"
+                )
+    return problems, None
 
 
 def run_cell(
@@ -147,24 +195,43 @@ def run_cell(
     on_record: Callable[[RequestRecord], None] | None = None,
 ) -> CellOutcome:
     """Run one cell against a ready deployment and write its artifact (ok or failed). Never raises for a
-    measurement problem; raises only if the artifact itself cannot be written."""
+    measurement problem; raises only if the artifact itself cannot be written, or, after writing what was
+    measured (status failed), the interruption (KeyboardInterrupt, SIGTERM) that stopped it."""
     prompts = corpus.stratum(cell.workload)
     plan = load_plan(cell, load, seed)
     records: list[RequestRecord] = []
     started = utc_now()
     error: str | None = None
+    interrupted: BaseException | None = None
     result = None
     window = _Window(deployment)
     gauges = pl.DataFrame(schema=GAUGE_SCHEMA)
     gauge_failures = 0
-    try:
-        result, window, gauges, gauge_failures = asyncio.run(
-            _measure(deployment, prompts, plan, sampling, load, records, on_record)
+    misfits, skipped = prompt_fit_problems(deployment, prompts, sampling)
+    if skipped:
+        log.info("cell %s: prompt lengths not checked: %s", cell.cell_id, skipped)
+    if misfits:  # refused before any request: a cell whose prompts cannot run as asked measures nothing
+        error = f"{len(misfits)} of {len(prompts)} prompts do not fit the model's context: " + "; ".join(
+            misfits
         )
-        records = result.records
-    except Exception as exc:  # the cell is recorded as failed with everything measured so far
-        error = f"{type(exc).__name__}: {exc}"
-        log.exception("cell %s failed", cell.cell_id)
+        log.error("cell %s refused: %s", cell.cell_id, error)
+    else:
+        try:
+            result, window, gauges, gauge_failures = asyncio.run(
+                _measure(deployment, prompts, plan, sampling, load, records, on_record)
+            )
+            records = result.records
+        except Exception as exc:  # the cell is recorded as failed with everything measured so far
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("cell %s failed", cell.cell_id)
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM, a cancelled flow run: write what was measured, then stop.
+            interrupted = exc
+            error = (
+                f"interrupted ({type(exc).__name__}): stopped before it finished; the requests that ended "
+                "are kept"
+            )
+            log.warning("cell %s interrupted; writing what it measured", cell.cell_id)
     frame = records_frame(records)
 
     spec = None
@@ -197,11 +264,16 @@ def run_cell(
         error = "every measured request failed: " + ", ".join(
             f"{k}={v}" for k, v in summary["requests"]["errors"].items()
         )
-    if error is None and server_problems:
+    if server_problems:
+        # Without both /metrics scrapes the cell's server-side figures (speculation, token cross-check) are
+        # missing or wrong: the cell is failed (design.md), its request records are kept.
         summary["server_valid"] = False
         summary["server_problem"] = "; ".join(server_problems)
-        if any("counter reset" in p for p in server_problems):
-            error = "the server restarted during the cell (a counter went down): " + server_problems[0]
+        restarted = [p for p in server_problems if "counter reset" in p]
+        if error is None and restarted:
+            error = "the server restarted during the cell (a counter went down): " + restarted[0]
+        elif error is None:
+            error = "the server's /metrics could not be used: " + "; ".join(server_problems)
     summary["status"] = "failed" if error else "ok"
     summary["error"] = error
     summary["gauge_scrape_failures"] = gauge_failures
@@ -248,4 +320,6 @@ def run_cell(
         gauges.write_parquet(tmp / "gauges.parquet")
         (tmp / "metrics_before.txt").write_text(window.before or "")
         (tmp / "metrics_after.txt").write_text(window.after or "")
+    if interrupted is not None:
+        raise interrupted
     return CellOutcome(cell_id=cell.cell_id, path=final, status=summary["status"], summary=summary)

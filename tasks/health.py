@@ -70,7 +70,8 @@ def wait_ready(
             if time.monotonic() - started > timeout_s:
                 deployment.status = "failed"
                 raise HealthGateTimeout(
-                    f"deployment {deployment.id} not ready after {timeout_s:.0f} s (last check: {last})",
+                    f"deployment {deployment.id} at {deployment.base_url} not ready after {timeout_s:.0f} s "
+                    f"(last check: {last})",
                     log_tail=launcher.log_tail(deployment),
                     transient=True,
                 )

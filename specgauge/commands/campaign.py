@@ -31,18 +31,28 @@ def _rows_table(title: str, rows: list[dict]) -> Table:
     return table
 
 
+EXIT_BAD_INPUT = 2
+
+
 def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, analyze: bool) -> dict:
     from experiments.plan import plan_campaign, resolve_repo_path
     from experiments.spec import load_spec
     from flows.campaign import campaign
+    from specgauge.errors import InputError
     from specgauge.progress import RichReporter, reporting
     from tasks import campaign as state
+    from tasks.launch import check_launchable
 
     spec_path = resolve_repo_path(spec)
-    experiment = load_spec(spec_path)  # fail fast, before Prefect starts, with the field named
-    plan = plan_campaign(experiment, label)
-    with reporting(RichReporter()):
-        result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
+    try:
+        experiment = load_spec(spec_path)  # fail fast, before Prefect starts, with the field named
+        plan = plan_campaign(experiment, label)
+        check_launchable(experiment)
+        with reporting(RichReporter()):
+            result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
+    except InputError as exc:  # bad input: its message names the file and field; no traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_BAD_INPUT) from None
     directory = state.campaign_dir(plan.campaign_id)
     console.print(_rows_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
     for verdict in result.get("gates", []) or []:
@@ -94,7 +104,8 @@ def register(app: typer.Typer) -> None:
         analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
     ) -> None:
         """Run a campaign: launch each variant, gate it, measure every cell, capture, tear down; then ingest,
-        gate and analyse. Re-running the same spec resumes: finished cells are skipped."""
+        gate and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
+        corpus, label, a draft with another vocabulary) exits with code 2 before anything is written."""
         run_campaign_cli(spec, label, ingest, gate, analyze)
 
     @app.command("demo")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.spec import ExperimentSpec, TargetSpec, Variant
+from specgauge.errors import InputError
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, Launcher
 from tasks.launch.local import LocalLauncher
@@ -31,6 +32,22 @@ def launcher_for(spec: ExperimentSpec) -> Launcher:
 
         return SmlLauncher(settings)
     raise NotImplementedError(f"launcher kind {settings.kind!r}")
+
+
+def check_launchable(spec: ExperimentSpec) -> None:
+    """Input problems a launcher can see before anything starts, e.g. a local draft model whose vocabulary
+    is not the target's. A campaign calls this before it writes or launches anything, so bad input costs
+    no engine start and leaves no partial campaign. Raises InputError naming the input."""
+    if spec.launcher.kind != "local":
+        return  # cluster paths are not readable from here; the engine checks on its side
+    from tasks.launch.local import check_draft_vocabulary, resolve_local
+
+    for variant in spec.variants:
+        if variant.method == "draft_model" and variant.draft_model:
+            try:
+                check_draft_vocabulary(resolve_local(spec.target.model), resolve_local(variant.draft_model))
+            except InputError as exc:
+                raise InputError(f"variant {variant.name!r}: {exc}") from None
 
 
 def _stopper(kind: str):
@@ -100,4 +117,12 @@ def deployed(
         launcher.teardown(deployment)
 
 
-__all__ = ["Deployment", "Launcher", "LocalLauncher", "deployed", "launcher_for", "reap_leftovers"]
+__all__ = [
+    "Deployment",
+    "Launcher",
+    "LocalLauncher",
+    "check_launchable",
+    "deployed",
+    "launcher_for",
+    "reap_leftovers",
+]

@@ -66,19 +66,18 @@ class LocalLauncher:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def command(self, target: TargetSpec, variant: Variant, port: int) -> list[str]:
-        return [
-            str(self.engine_python),
-            "-m",
-            ENGINE_MODULE,
-            *vllm_args(
-                target,
-                variant,
-                served_model_name=served_name(target, variant),
-                host=self.spec.host,
-                port=port,
-                resolve=resolve_local,
-            ),
-        ]
+        args = vllm_args(
+            target,
+            variant,
+            served_model_name=served_name(target, variant),
+            host=self.spec.host,
+            port=port,
+            resolve=resolve_local,
+        )
+        single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
+        if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
+            args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLauncher
+        return [str(self.engine_python), "-m", ENGINE_MODULE, *args]
 
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
