@@ -122,7 +122,9 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
                 for file, stratum, mode, c, r in cell_templates
             )
             captures: tuple[str, ...] = ()
-            if spec.capture.enabled:
+            # The gate judges each speculative variant's first repeat against plain; every plain launch is
+            # captured, since each one beyond the first is a cross-deployment control.
+            if spec.capture.enabled and (variant.method == "none" or repeat == 0):
                 captures = (f"{name}.r{repeat}",)
                 if variant.method == "none" and repeat == 0:
                     captures += (f"{name}.r{repeat}.again",)  # same-deployment repeat: the first control

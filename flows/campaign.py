@@ -28,7 +28,7 @@ from specgauge.provenance import utc_now  # noqa: E402
 from tasks import campaign as state  # noqa: E402
 from tasks.cell import CellOutcome, run_cell  # noqa: E402
 from tasks.health import wait_ready  # noqa: E402
-from tasks.launch import launcher_for, reap_leftovers  # noqa: E402
+from tasks.launch import check_launchable, launcher_for, reap_leftovers  # noqa: E402
 from tasks.launch.base import Deployment, Launcher  # noqa: E402
 
 MAX_LAUNCHES_PER_SLOT = 3  # a deployment that keeps dying is recorded as failed, the campaign goes on
@@ -194,8 +194,9 @@ def deployment_flow(spec_path: str, label: str | None, slot_id: str) -> dict[str
     return outcome
 
 
-def _reap_on_exit(flow, flow_run, state_) -> None:
-    """on_cancellation/on_crashed hook: whatever this process launched and did not tear down is stopped."""
+def _reap_on_exit(flow, flow_run, state) -> None:
+    """on_cancellation/on_crashed hook: whatever this process launched and did not tear down is stopped.
+    The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword."""
     reap_leftovers()
 
 
@@ -212,6 +213,7 @@ def campaign(
     spec_path = resolve_repo_path(spec)
     experiment = load_spec(spec_path)
     plan = plan_campaign(experiment, label)
+    check_launchable(experiment)  # bad input is refused before anything is written or launched
     directory = state.record_campaign(plan, experiment)
     started = utc_now()
     logger.info(
@@ -230,6 +232,27 @@ def campaign(
         "directory": str(directory),
         "deployments": slots,
     }
+    if experiment.profile is not None:
+        p = experiment.profile
+        done = (
+            sorted((directory / "profiles").glob(f"{p.variant}.*"))
+            if (directory / "profiles").exists()
+            else []
+        )
+        if done:
+            logger.info("profile of %s exists (%s): skipped", p.variant, done[-1].name)
+        else:
+            from flows.profile import profile as profile_flow
+
+            result["profile"] = profile_flow(
+                spec=str(spec_path),
+                variant=p.variant,
+                concurrency=p.concurrency,
+                requests=p.requests,
+                warmup=p.warmup,
+                stratum=p.stratum,
+                label=label,
+            )
     if ingest:
         from flows.ingest import ingest as ingest_flow
 

@@ -109,15 +109,22 @@ def headline_rows(directory: Path, plan: CampaignPlan) -> list[dict[str, Any]]:
     for slot, cell in plan.cells():
         attempts = cell_attempts(cells_dir(directory), cell.cell_id)
         if not attempts:
-            rows.append({"variant": slot.variant.name, "repeat": slot.repeat, "workload": cell.workload,
-                         "load": cell.load_label, "status": "not run"})
+            rows.append(
+                {
+                    "variant": slot.variant.name,
+                    "repeat": slot.repeat,
+                    "workload": cell.workload,
+                    "load": cell.load_label,
+                    "status": "not run",
+                }
+            )
             continue
         summary = read_json(attempts[-1] / "summary.json")
         spec = summary.get("speculation") or {}
         rows.append(
             {
-                "cell": cell.cell_id,
                 "variant": slot.variant.name,
+                "repeat": slot.repeat,
                 "workload": cell.workload,
                 "load": cell.load_label,
                 "status": summary["status"],

@@ -324,3 +324,13 @@ def test_summary_has_the_design_structure_and_is_strict_json() -> None:
     }
     assert summary["speculation"]["decode_steps"] == generated - spec.accepted_tokens
     json.dumps(summary, allow_nan=False)
+
+
+def test_responses_delivered_in_one_burst_are_flagged() -> None:
+    streamed = [record(i, i * 1.0, [0.01, 0.02, 0.03, 0.04], [1, 1, 1, 1]) for i in range(8)]
+    burst = [record(8 + i, 8.0 + i, [0.3, 0.3, 0.3, 0.3, 0.3], [1, 1, 1, 1, 1]) for i in range(2)]
+    short = [record(10, 10.0, [0.01, 0.01], [1, 1])]  # too few chunks to judge
+    check = summarize(records_frame(streamed + burst + short))["cross_checks"]["streamed_token_by_token"]
+    assert (check["bursts"], check["responses"], check["share"], check["ok"]) == (2, 10, 0.2, False)
+    fine = summarize(records_frame(streamed))["cross_checks"]["streamed_token_by_token"]
+    assert (fine["bursts"], fine["ok"]) == (0, True)
