@@ -203,9 +203,14 @@ class _Cell:
 
         async def worker() -> None:
             nonlocal next_j
+            current = asyncio.current_task()
             while next_j < count and not self.capped and _perf_counter() < self.deadline:
                 j, next_j = next_j, next_j + 1
                 await self.send(phase, j, self.now())
+                if current is not None and current.cancelling():
+                    # Cancelled from outside (Ctrl-C, SIGTERM, a cancelled flow run): the client turned the
+                    # cancellation into a record; send nothing more through a client that is closing.
+                    return
 
         await self.until_deadline([asyncio.create_task(worker()) for _ in range(workers)])
         for j in range(count):  # never sent because of the cap
