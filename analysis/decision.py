@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.speedup import LOAD_KEYS, VARIANT_KEYS, gain
+from analysis.speedup import CELL_KEY_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
 
 RULE = (
     "A variant wins a workload and load only when (1) the {confidence:.0%} bootstrap interval of its "
@@ -23,14 +23,7 @@ RULE = (
 )
 
 DECISION_SCHEMA = {
-    "variant": pl.String,
-    "method": pl.String,
-    "k": pl.Int32,
-    "workload": pl.String,
-    "load_mode": pl.String,
-    "load_label": pl.String,
-    "concurrency": pl.Int32,
-    "rate": pl.Float64,
+    **CELL_KEY_SCHEMA,
     "gain_metric": pl.String,
     "estimate": pl.Float64,
     "ci_low": pl.Float64,

@@ -18,20 +18,13 @@ import polars as pl
 
 from analysis.acceptance import FIT_SCHEMA
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.speedup import LOAD_KEYS, VARIANT_KEYS, gain
+from analysis.speedup import CELL_KEY_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
 from analysis.stats import has_interval, interval_label, linear_fit, mean_interval
 
 PAIR_KEYS = ("workload", "load_mode", "concurrency", "rate", "repeat")
 
 DEPTH_SCHEMA = {
-    "variant": pl.String,
-    "method": pl.String,
-    "k": pl.Int32,
-    "workload": pl.String,
-    "load_mode": pl.String,
-    "load_label": pl.String,
-    "concurrency": pl.Int32,
-    "rate": pl.Float64,
+    **CELL_KEY_SCHEMA,
     "n_repeats": pl.Int32,
     "step_time_s": pl.Float64,
     "step_time_low": pl.Float64,

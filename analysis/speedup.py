@@ -18,7 +18,8 @@ from analysis.stats import has_interval, interval_label, mean_interval
 LOAD_KEYS = ("workload", "load_mode", "load_label", "concurrency", "rate")
 VARIANT_KEYS = ("variant", "method", "k")
 
-SPEEDUP_SCHEMA = {
+# The columns that identify a speculative cell's variant and load in every analysis table.
+CELL_KEY_SCHEMA = {
     "variant": pl.String,
     "method": pl.String,
     "k": pl.Int32,
@@ -27,6 +28,10 @@ SPEEDUP_SCHEMA = {
     "load_label": pl.String,
     "concurrency": pl.Int32,
     "rate": pl.Float64,
+}
+
+SPEEDUP_SCHEMA = {
+    **CELL_KEY_SCHEMA,
     "metric": pl.String,
     "estimate": pl.Float64,
     "ci_low": pl.Float64,
