@@ -17,12 +17,10 @@ from typing import Any  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_link_artifact, create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.concurrency.sync import concurrency  # noqa: E402
 
 from analysis.run import analyze_campaign  # noqa: E402
 from flows.ingest import ensure_writer_limit  # noqa: E402
-from tasks.ingest import only_lock_contention  # noqa: E402
-from warehouse.lock import WRITER_LIMIT_NAME  # noqa: E402
+from tasks.ingest import only_lock_contention, writer_slot  # noqa: E402
 
 
 def _artifact_key(campaign_id: str) -> str:
@@ -44,7 +42,7 @@ def analyze_task(campaign_id: str | None, db: str | None, reports_dir: str | Non
         db,
         reports_dir=reports_dir,
         on_wait=logger.warning,
-        write_guard=lambda: concurrency(WRITER_LIMIT_NAME, occupy=1, strict=False),
+        write_guard=lambda: writer_slot(db),
     )
     summary = result.as_dict()
     logger.info(

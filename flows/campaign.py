@@ -197,7 +197,7 @@ def deployment_flow(spec_path: str, label: str | None, slot_id: str) -> dict[str
 def _reap_on_exit(flow, flow_run, state) -> None:
     """on_cancellation/on_crashed hook: whatever this process launched and did not tear down is stopped.
     The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword."""
-    reap_leftovers()
+    reap_leftovers(include_own=True)
 
 
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)
@@ -233,17 +233,14 @@ def campaign(
         "deployments": slots,
     }
     if experiment.profile is not None:
-        p = experiment.profile
-        done = (
-            sorted((directory / "profiles").glob(f"{p.variant}.*"))
-            if (directory / "profiles").exists()
-            else []
-        )
-        if done:
-            logger.info("profile of %s exists (%s): skipped", p.variant, done[-1].name)
-        else:
-            from flows.profile import profile as profile_flow
+        from flows.profile import earlier_profile
+        from flows.profile import profile as profile_flow
 
+        p = experiment.profile
+        result["profile"] = earlier_profile(directory, p.variant)
+        if result["profile"] is not None:
+            logger.info("profile of %s exists (%s): skipped", p.variant, result["profile"]["path"])
+        else:
             result["profile"] = profile_flow(
                 spec=str(spec_path),
                 variant=p.variant,

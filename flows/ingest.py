@@ -14,10 +14,9 @@ from typing import Any  # noqa: E402
 from prefect import flow, get_run_logger  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate  # noqa: E402
-from prefect.concurrency.sync import concurrency  # noqa: E402
 from prefect.exceptions import ObjectNotFound  # noqa: E402
 
-from tasks.ingest import ingest_task  # noqa: E402
+from tasks.ingest import ingest_task, writer_slot  # noqa: E402
 from warehouse.lock import WRITER_LIMIT_NAME  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def ingest(
     """Ingest every raw artifact under raw_dir (default: the configured raw dir); already ingested ones are
     skipped, corrupt ones quarantined with the reason."""
     ensure_writer_limit()
-    with concurrency(WRITER_LIMIT_NAME, occupy=1):
+    with writer_slot(db):
         report = ingest_task(raw_dir, db)
     if campaign_id:
         get_run_logger().info("ingest for campaign %s done", campaign_id)

@@ -7,13 +7,30 @@ from specgauge.prefect_env import configure
 
 configure()
 
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from prefect import flow, get_run_logger  # noqa: E402
 
 from experiments.plan import resolve_repo_path  # noqa: E402
+from tasks.artifacts import read_json  # noqa: E402
 from tasks.profile.run import profile_variant  # noqa: E402
 from tasks.profile.window import WindowPlan  # noqa: E402
+
+
+def earlier_profile(campaign_dir: Path, variant: str) -> dict[str, Any] | None:
+    """The latest ok profile of `variant` in a campaign, as the flow's summary, or None (a re-run resumes)."""
+    for path in sorted((campaign_dir / "profiles").glob(f"{variant}.*"), reverse=True):
+        meta = read_json(path / "meta.json") if (path / "meta.json").exists() else {}
+        if meta.get("status") == "ok" and (path / "breakdown.json").exists():
+            return {
+                "variant": variant,
+                "path": str(path),
+                "status": "ok",
+                "error": None,
+                "shares": read_json(path / "breakdown.json").get("shares"),
+            }
+    return None
 
 
 @flow(name="profile", flow_run_name="profile-{variant}")
@@ -41,6 +58,6 @@ def profile(
         "error": result.error,
     }
     if result.breakdown is not None:
-        summary["shares"] = result.breakdown.shares()
+        summary["shares"] = result.breakdown.shares
     get_run_logger().info("profile of %s: %s", variant, summary)
     return summary

@@ -254,7 +254,7 @@ def test_a_crashed_run_is_reaped_from_the_ledger(no_leftover_jobs: None, tmp_pat
     # "Crash": the launching process's connection and memory are gone, no teardown ran.
     slurm.shell.close()
     assert deployment.job_id in live_job_ids()
-    done = reap_leftovers()
+    done = reap_leftovers(include_own=True)  # the "crashed" run is this process: its own entries count
     mine = [d for d in done if d["id"] == deployment.id]
     assert mine and mine[0]["outcome"].startswith(f"cancelled job {deployment.job_id}")
     assert deployment.job_id not in live_job_ids()

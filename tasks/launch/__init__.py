@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,11 +63,16 @@ def _stopper(kind: str):
     raise KeyError(kind)
 
 
-def reap_leftovers() -> list[dict[str, Any]]:
-    """Stop every deployment in the ledger whose launching process is gone; return what was done."""
+def reap_leftovers(*, include_own: bool = False) -> list[dict[str, Any]]:
+    """Stop every deployment in the ledger whose launching process is gone; return what was done.
+
+    `include_own` also stops what this very process launched and did not tear down: for the cancellation
+    and crash hooks of a flow run, never for the reaping at a campaign's start (a long-lived process, a
+    test session say, may hold live deployments of its own)."""
     done = []
     for entry in ledger.entries():
-        if ledger.owner_alive(entry):
+        own = entry.get("owner_pid") == os.getpid()
+        if (own and not include_own) or (not own and ledger.owner_alive(entry)):
             continue
         try:
             outcome = _stopper(entry["launcher"])(entry)

@@ -52,8 +52,10 @@ def entries() -> list[dict[str, Any]]:
 def owner_alive(entry: dict[str, Any]) -> bool:
     """Whether the process that launched this deployment still runs (then it is not a leftover)."""
     pid = entry.get("owner_pid")
-    if not pid or pid == os.getpid():
+    if not pid:
         return False
+    if pid == os.getpid():
+        return True
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
