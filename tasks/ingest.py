@@ -9,6 +9,8 @@ WRITER_LIMIT_NAME (limit 1) around this task.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,9 @@ from prefect.logging import get_run_logger
 
 from warehouse.errors import WarehouseBusy
 from warehouse.ingest import IngestReport, ingest_raw
-from warehouse.lock import WRITER_LIMIT_NAME
+from warehouse.lock import WRITER_LIMIT_LEASE_S, WRITER_LIMIT_NAME, writer_active
 
-__all__ = ["WRITER_LIMIT_NAME", "ingest_task", "only_lock_contention", "run_ingest"]
+__all__ = ["WRITER_LIMIT_NAME", "ingest_task", "only_lock_contention", "run_ingest", "writer_slot"]
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -28,6 +30,54 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger("specgauge.warehouse")
+
+
+WRITER_SLOT_WAIT_S = 30.0  # how long to wait for the Prefect writer slot before asking who holds it
+
+
+@contextmanager
+def writer_slot(db_path: Path | str | None = None, *, wait_s: float = WRITER_SLOT_WAIT_S) -> Iterator[None]:
+    """Hold the Prefect writer slot (global concurrency limit WRITER_LIMIT_NAME) around a warehouse write.
+
+    The slot queues flows visibly in the UI; what keeps writers apart is the warehouse's file lock, which
+    dies with its holder. A slot does not: a writer SIGKILLed mid-ingest leaves it taken until its lease
+    expires, and forever on an API that does not expire leases (the local profile's ephemeral server). So a
+    waiter that got no slot within `wait_s` while no process holds the file lock frees the slot (a crashed
+    writer left it) and goes on; while a live writer holds the file lock it keeps waiting.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.concurrency.sync import concurrency
+
+    from specgauge.settings import get_settings
+
+    db = Path(db_path) if db_path else get_settings().warehouse_path
+    with ExitStack() as held:
+        while True:
+            try:
+                held.enter_context(
+                    concurrency(
+                        WRITER_LIMIT_NAME,
+                        occupy=1,
+                        lease_duration=WRITER_LIMIT_LEASE_S,
+                        timeout_seconds=wait_s,
+                    )
+                )
+                break
+            except TimeoutError:
+                if writer_active(db):
+                    continue  # a live writer: keep waiting
+                _logger().warning(
+                    "the warehouse writer slot %s is taken but no process writes %s: a writer that "
+                    "crashed left it; freeing it",
+                    WRITER_LIMIT_NAME,
+                    db,
+                )
+                with get_client(sync_client=True) as client:
+                    client.update_global_concurrency_limit(
+                        WRITER_LIMIT_NAME, GlobalConcurrencyLimitUpdate(active_slots=0)
+                    )
+        yield
 
 
 def only_lock_contention(task, task_run, state) -> bool:

@@ -28,6 +28,10 @@ from warehouse.errors import WarehouseBusy
 
 WRITER_LIMIT_NAME = "specgauge-warehouse-writer"
 """Name of the Prefect global concurrency limit (limit 1) that flows hold around warehouse writes."""
+WRITER_LIMIT_LEASE_S = 60.0
+"""Lease of that limit's slot (60 s is the server's minimum). The holder renews it while alive; a holder
+that crashed (SIGKILL, OOM) frees the slot within a lease plus the server's repossessor interval (15 s)
+instead of Prefect's default 300 s, during which every other writer would wait."""
 
 log = logging.getLogger("specgauge.warehouse")
 
@@ -72,6 +76,18 @@ def _write_holder(db_path: Path) -> None:
     tmp = holder_path(db_path).with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(asdict(holder)) + "\n")
     tmp.replace(holder_path(db_path))
+
+
+def writer_active(db_path: Path) -> bool:
+    """Whether a live process holds the warehouse's writer lock right now (the kernel releases it when its
+    holder dies, so a crashed writer never counts)."""
+    lock = FileLock(str(lock_path(Path(db_path))), thread_local=False, is_singleton=True)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
 
 
 def _default_on_wait(message: str) -> None:
