@@ -40,10 +40,10 @@ class Change:
 
 def figures(con: duckdb.DuckDBPyConnection, campaign_id: str) -> pl.DataFrame:
     """Per-repeat guarded figures of a campaign's speculative cells (from v_speedup)."""
-    return con.execute(
+    return con.sql(
         f"SELECT variant, workload, load_label, repeat, {', '.join(GUARDED)} FROM v_speedup "
-        "WHERE campaign_id = ? ORDER BY variant, workload, load_label, repeat",
-        [campaign_id],
+        "WHERE campaign_id = $c ORDER BY variant, workload, load_label, repeat",
+        params={"c": campaign_id},
     ).pl()
 
 
@@ -115,19 +115,20 @@ def markdown(current: str, reference: str, changes: list[Change], tolerance: flo
     return "\n".join(lines)
 
 
-def references_dir(raw_dir: Path) -> Path:
-    return raw_dir / "_references"
+def references_dir(home: Path) -> Path:
+    """Beside the raw tree, not in it: a reference names a campaign, it is not a measurement."""
+    return home / "references"
 
 
-def current_reference(raw_dir: Path, spec_name: str) -> str | None:
+def current_reference(home: Path, spec_name: str) -> str | None:
     """The latest reference set for a spec (append-only records: setting one never rewrites another)."""
-    directory = references_dir(raw_dir) / spec_name
+    directory = references_dir(home) / spec_name
     records = sorted(directory.glob("*.json")) if directory.exists() else []
     return json.loads(records[-1].read_text())["campaign_id"] if records else None
 
 
-def set_reference(raw_dir: Path, spec_name: str, campaign_id: str, reason: str) -> Path:
-    directory = references_dir(raw_dir) / spec_name
+def set_reference(home: Path, spec_name: str, campaign_id: str, reason: str) -> Path:
+    directory = references_dir(home) / spec_name
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{utc_stamp()}.json"
     path.write_text(

@@ -43,6 +43,8 @@ def ratio_of_means_interval(
     estimate = float(t.mean() / b.mean())
     if len(t) < 2 or len(b) < 2:
         return Interval(estimate, estimate, estimate, min(len(t), len(b)), "point (fewer than 2 repeats)")
+    if np.ptp(t) == 0 and np.ptp(b) == 0:  # scipy's bootstrap returns NaN for a constant distribution
+        return Interval(estimate, estimate, estimate, min(len(t), len(b)), "degenerate (all repeats equal)")
     result = stats.bootstrap(
         (t, b),
         lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),

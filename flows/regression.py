@@ -14,7 +14,13 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.events import emit_event  # noqa: E402
 from prefect.states import Failed  # noqa: E402
 
-from analysis.regression import as_rows, compare_campaigns, current_reference, markdown, set_reference  # noqa: E402
+from analysis.regression import (  # noqa: E402
+    as_rows,
+    compare_campaigns,
+    current_reference,
+    markdown,
+    set_reference,
+)
 from experiments.plan import resolve_repo_path  # noqa: E402
 from experiments.spec import load_spec  # noqa: E402
 from flows.campaign import campaign  # noqa: E402
@@ -25,34 +31,33 @@ from warehouse.db import reader  # noqa: E402
 REGRESSION_EVENT = "specgauge.regression.detected"
 
 
-@flow(name="regression")
-def regression(
-    spec: str = "experiments/nightly.yaml",
-    label: str | None = None,
-    tolerance: float = 0.10,
-    reference: str | None = None,
+@flow(name="regression-check")
+def regression_check(
+    current: str, spec_name: str, reference: str | None = None, tolerance: float = 0.10
 ) -> Any:
-    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run."""
+    """Compare campaign `current` with `reference` (default: the spec's stored reference) in the warehouse.
+
+    With no reference yet, `current` becomes it. A regression ends the run Failed, emits the event
+    `specgauge.regression.detected` and leaves a markdown artifact with what moved and by how much."""
     logger = get_run_logger()
-    experiment = load_spec(resolve_repo_path(spec))
-    result = campaign(spec=spec, label=label or utc_stamp(), gate=False)
-    current = result["campaign_id"]
-    raw_dir = get_settings().raw_dir
-    reference = reference or current_reference(raw_dir, experiment.name)
+    home = get_settings().home
+    key = "regression-" + "".join(c if c.isalnum() else "-" for c in spec_name.lower())
+    reference = reference or current_reference(home, spec_name)
     if reference is None:
-        set_reference(raw_dir, experiment.name, current, "first regression run of this spec")
+        set_reference(home, spec_name, current, "first regression run of this spec")
         create_markdown_artifact(
-            key=f"regression-{experiment.name}",
-            markdown=f"# Regression: `{current}` is now the reference of `{experiment.name}`\n\n"
+            key=key,
+            markdown=f"# Regression: `{current}` is now the reference of `{spec_name}`\n\n"
             "There was no reference run yet; later runs are compared with this one.",
         )
-        logger.info("no reference for %s: %s becomes it", experiment.name, current)
-        return {"campaign_id": current, "reference": current, "regressed": []}
+        logger.info("no reference for %s: %s becomes it", spec_name, current)
+        return {"campaign_id": current, "reference": current, "regressed": [], "checked": 0}
     with reader() as con:
         changes = compare_campaigns(con, current, reference, tolerance=tolerance)
-    text = markdown(current, reference, changes, tolerance)
     create_markdown_artifact(
-        key=f"regression-{experiment.name}", markdown=text, description=f"{current} against {reference}"
+        key=key,
+        markdown=markdown(current, reference, changes, tolerance),
+        description=f"{current} vs {reference}",
     )
     regressed = [c for c in changes if c.regressed]
     outcome = {
@@ -61,28 +66,35 @@ def regression(
         "regressed": as_rows(regressed),
         "checked": len(changes),
     }
-    if regressed:
-        emit_event(
-            event=REGRESSION_EVENT,
-            resource={
-                "prefect.resource.id": f"specgauge.campaign.{current}",
-                "prefect.resource.name": current,
-            },
-            related=[
-                {
-                    "prefect.resource.id": f"specgauge.campaign.{reference}",
-                    "prefect.resource.role": "reference",
-                }
-            ],
-            payload=outcome,
-        )
-        moved = "; ".join(
-            f"{c.variant}/{c.workload}/{c.load} {c.figure} x{c.ratio:.2f} [{c.low:.2f}, {c.high:.2f}]"
-            for c in regressed
-        )
-        logger.error("regressed against %s: %s", reference, moved)
-        return Failed(
-            message=f"{len(regressed)} figure(s) regressed against {reference}: {moved}", data=outcome
-        )
-    logger.info("no regression against %s (%d figures checked)", reference, len(changes))
-    return outcome
+    if not regressed:
+        logger.info("no regression against %s (%d figures checked)", reference, len(changes))
+        return outcome
+    emit_event(
+        event=REGRESSION_EVENT,
+        resource={"prefect.resource.id": f"specgauge.campaign.{current}", "prefect.resource.name": current},
+        related=[
+            {"prefect.resource.id": f"specgauge.campaign.{reference}", "prefect.resource.role": "reference"}
+        ],
+        payload=outcome,
+    )
+    moved = "; ".join(
+        f"{c.variant}/{c.workload}/{c.load} {c.figure} x{c.ratio:.2f} [{c.low:.2f}, {c.high:.2f}]"
+        for c in regressed
+    )
+    logger.error("regressed against %s: %s", reference, moved)
+    return Failed(message=f"{len(regressed)} figure(s) regressed against {reference}: {moved}", data=outcome)
+
+
+@flow(name="regression")
+def regression(
+    spec: str = "experiments/nightly.yaml",
+    label: str | None = None,
+    tolerance: float = 0.10,
+    reference: str | None = None,
+) -> Any:
+    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run."""
+    experiment = load_spec(resolve_repo_path(spec))
+    result = campaign(spec=spec, label=label or utc_stamp(), gate=False)
+    return regression_check(
+        result["campaign_id"], experiment.name, reference=reference, tolerance=tolerance, return_state=True
+    )
