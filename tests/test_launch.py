@@ -19,7 +19,7 @@ from specgauge.errors import EngineDied
 from tasks.health import wait_ready
 from tasks.launch import ledger, reap_leftovers
 from tasks.launch.base import startup_facts
-from tasks.launch.local import LocalLauncher
+from tasks.launch.local import LocalLauncher, live_group_members
 
 REPO = Path(__file__).resolve().parent.parent
 HOLD = [sys.executable, str(REPO / "tests" / "helpers" / "launch_and_hold.py")]
@@ -39,14 +39,7 @@ def engine_processes(marker: str) -> list[psutil.Process]:
 
 
 def group_members(pgid: int) -> list[int]:
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                members.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return members
+    return [proc.pid for proc in live_group_members(pgid)]
 
 
 def start_holder(tmp_path: Path, then: str) -> tuple[subprocess.Popen[str], int]:

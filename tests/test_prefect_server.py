@@ -52,25 +52,25 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
         "SPECGAUGE_HOME": str(home / "specgauge"),
         "SPECGAUGE_REPO": str(REPO),
     }
-    log = open(home / "server.log", "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--analytics-off",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(home / "server.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--analytics-off",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     worker = None
     try:
         deadline = time.monotonic() + 120
@@ -91,14 +91,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
             timeout=300,
         )
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "specgauge"],
-            env=env,
-            cwd=REPO,
-            stdout=open(home / "worker.log", "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(home / "worker.log", "wb") as worker_log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", "specgauge"],
+                env=env,
+                cwd=REPO,
+                stdout=worker_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         yield {
             "api": f"http://127.0.0.1:{port}/api",
             "home": str(home),

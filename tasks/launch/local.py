@@ -177,37 +177,76 @@ class LocalLauncher:
         return stop_process_group(pid, None)
 
 
+def live_group_members(pgid: int) -> list[psutil.Process]:
+    """Processes of the group that still run. A zombie counts as gone: it holds no memory or port, and
+    only its reaper (possibly a container's pid 1 that never reaps) can clear it."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def _still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
 def stop_process_group(pid: int | None, proc: subprocess.Popen[bytes] | None, grace_s: float = 15.0) -> str:
-    """SIGTERM the whole group, wait, then SIGKILL whatever is left (vLLM's engine core included)."""
+    """SIGTERM the whole group, wait, then SIGKILL whatever is left (vLLM's engine core included).
+
+    Members are found by group id as well as by parentage: once the leader is dead its children are
+    re-parented and no longer show up as its descendants."""
     if pid is None:
         return "nothing to stop"
     try:
-        members = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        descendants = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
-        members = []
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
+        descendants = []
+
+    def members() -> list[psutil.Process]:
+        seen = {p.pid: p for p in [*_still_running(descendants), *live_group_members(pid)]}
+        return list(seen.values())
+
+    def signal_all(sig: signal.Signals) -> None:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+        for member in members():  # a descendant that left the group with setsid
+            try:
+                member.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def wait_gone(timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while members():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    signal_all(signal.SIGTERM)
+    started = time.monotonic()
     if proc is not None:
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    _, alive = psutil.wait_procs(members, timeout=max(deadline - time.monotonic(), 0.1))
-    if not alive:
+    if wait_gone(max(grace_s - (time.monotonic() - started), 0.1)):
         return "terminated"
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for member in alive:
-        try:
-            member.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    signal_all(signal.SIGKILL)
+    wait_gone(5.0)
     if proc is not None:
         proc.poll()
     return "killed after SIGTERM grace"
