@@ -31,6 +31,27 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     get_settings.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def settings_follow_the_environment() -> Iterator[None]:
+    """Settings are cached; a test that monkeypatched SPECGAUGE_HOME must not leave its home cached for the
+    next test (which would then read another ledger, and reap or miss the wrong engines)."""
+    yield
+    from specgauge.settings import get_settings
+
+    get_settings.cache_clear()  # runs after monkeypatch has restored the environment
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This test's own SPECGAUGE_HOME: its raw tree, ledger and warehouse, apart from every other test's."""
+    from specgauge.settings import get_settings
+
+    path = tmp_path / "home"
+    monkeypatch.setenv("SPECGAUGE_HOME", str(path))
+    get_settings.cache_clear()
+    yield path
+
+
 @pytest.fixture(scope="session")
 def engine_lock() -> Iterator[None]:
     """Serialise engine use across concurrent test sessions on one machine (2 cores fit one engine)."""

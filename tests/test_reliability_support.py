@@ -95,18 +95,6 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """This test's own SPECGAUGE_HOME: its raw tree, ledger and warehouse, apart from every other test's."""
-    from specgauge.settings import get_settings
-
-    path = tmp_path / "home"
-    monkeypatch.setenv("SPECGAUGE_HOME", str(path))
-    get_settings.cache_clear()
-    yield path
-    get_settings.cache_clear()
-
-
-@pytest.fixture
 def standin_engine(standin: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The local launcher runs the stand-in instead of vLLM; returns the file of its extra arguments."""
     from specgauge.settings import get_settings

@@ -248,7 +248,9 @@ def test_cancelled_campaign_leaves_nothing_in_squeue(no_leftover_jobs: None, tmp
 
 
 @pytest.mark.slurm
-def test_a_crashed_run_is_reaped_from_the_ledger(no_leftover_jobs: None, tmp_path: Path) -> None:
+def test_a_crashed_run_is_reaped_from_the_ledger(no_leftover_jobs: None, home: Path, tmp_path: Path) -> None:
+    # `home`: a ledger of this test's own, since reaping this process's entries would also stop the
+    # session's shared engines.
     slurm = launcher(tmp_path)
     deployment = slurm.launch(TARGET, PLAIN, deployment_id="slurmtest.crash.r0", directory=tmp_path / "dep")
     # "Crash": the launching process's connection and memory are gone, no teardown ran.
