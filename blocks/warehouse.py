@@ -16,7 +16,9 @@ class WarehouseBlock(Block):
     _description = "specgauge's DuckDB warehouse file and raw-artifact directory."
 
     path: str = Field(description="DuckDB file of the warehouse.")
-    raw_dir: str = Field(description="Directory of immutable raw artifacts (the warehouse's source of truth).")
+    raw_dir: str = Field(
+        description="Directory of immutable raw artifacts (the warehouse's source of truth)."
+    )
 
     def warehouse_path(self) -> Path:
         return Path(self.path).expanduser()

@@ -58,7 +58,11 @@ def record_campaign(plan: CampaignPlan, spec: ExperimentSpec, raw_dir: Path | No
 
 def record_run(directory: Path, record: dict[str, Any]) -> Path:
     """One immutable record per run of the campaign (status, timings, what was skipped or failed)."""
-    path = directory / "runs" / f"{utc_stamp()}-{os.getpid()}.json"
+    # Names sort in run order; the counter keeps two runs of one process within one second apart.
+    stem = f"{utc_stamp()}-{os.getpid()}"
+    number = 1
+    while (path := directory / "runs" / f"{stem}-{number:02d}.json").exists():
+        number += 1
     write_json_atomic(path, {**record, "tool": tool_facts(), "host": host_facts()})
     return path
 

@@ -53,7 +53,8 @@ from tasks.cell import run_cell
 from tasks.launch.base import Deployment
 from workloads.schema import load_corpus
 
-pytest_plugins = ["test_reliability_support"]  # fixtures: standin, standin_engine, prefect_api, observe (home: conftest)
+# fixtures: standin, standin_engine, prefect_api, observe (home comes from conftest)
+pytest_plugins = ["test_reliability_support"]
 
 
 def run_campaign(spec_path: Path, hooks: Hooks | None = None, **options: Any) -> dict[str, Any]:
