@@ -196,8 +196,15 @@ def deployment_flow(spec_path: str, label: str | None, slot_id: str) -> dict[str
 
 def _reap_on_exit(flow, flow_run, state) -> None:
     """on_cancellation/on_crashed hook: whatever this process launched and did not tear down is stopped.
-    The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword."""
-    reap_leftovers(include_own=True)
+    The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword. Only this
+    campaign's deployments: the process may hold others (a test session's shared engines)."""
+    try:
+        parameters = flow_run.parameters
+        experiment = load_spec(resolve_repo_path(parameters.get("spec", "experiments/demo.yaml")))
+        prefix = plan_campaign(experiment, parameters.get("label")).campaign_id + "."
+    except Exception:  # a spec that cannot be read any more: stop everything this process left
+        prefix = ""
+    reap_leftovers(include_own=True, id_prefix=prefix)
 
 
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)

@@ -164,3 +164,12 @@ def test_the_ledger_reaps_what_a_killed_run_left(engine_lock, tmp_path: Path) ->
     finally:
         for member in group_members(pid):
             os.kill(member, signal.SIGKILL)
+
+
+def test_reaping_with_an_id_prefix_stops_only_that_campaigns_deployments(home: Path) -> None:
+    # The cancellation hook reaps its own campaign only; the process may hold other live deployments.
+    for deployment_id in ("camp-a.plain.r0", "camp-b.plain.r0"):
+        ledger.record(deployment_id, "local", pid=None, marker=f"{deployment_id} gone")
+    done = reap_leftovers(include_own=True, id_prefix="camp-a.")
+    assert [d["id"] for d in done] == ["camp-a.plain.r0"]
+    assert [e["id"] for e in ledger.entries()] == ["camp-b.plain.r0"]

@@ -63,14 +63,17 @@ def _stopper(kind: str):
     raise KeyError(kind)
 
 
-def reap_leftovers(*, include_own: bool = False) -> list[dict[str, Any]]:
+def reap_leftovers(*, include_own: bool = False, id_prefix: str = "") -> list[dict[str, Any]]:
     """Stop every deployment in the ledger whose launching process is gone; return what was done.
 
     `include_own` also stops what this very process launched and did not tear down: for the cancellation
     and crash hooks of a flow run, never for the reaping at a campaign's start (a long-lived process, a
-    test session say, may hold live deployments of its own)."""
+    test session say, may hold live deployments of its own). `id_prefix` limits it to deployments whose
+    id starts so (a campaign's own: `<campaign_id>.`)."""
     done = []
     for entry in ledger.entries():
+        if not str(entry.get("id", "")).startswith(id_prefix):
+            continue
         own = entry.get("owner_pid") == os.getpid()
         if (own and not include_own) or (not own and ledger.owner_alive(entry)):
             continue
