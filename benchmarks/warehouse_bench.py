@@ -159,6 +159,7 @@ def main() -> None:
         cells = sum(len(d.cells) for d in builder.plan.deployments)
         raw_mb = sum(p.stat().st_size for p in (work / "raw").rglob("*") if p.is_file()) / 1e6
         console.print(f"wrote {cells} cells, {raw_mb:.0f} MB of raw artifacts in {seconds:.1f} s")
+        os.sync()  # the fixture's writeback would otherwise land inside the ingest's time
 
         batched_db, single_db = work / "batched.duckdb", work / "per-cell.duckdb"
         batched_s, report = timed(lambda: ingest_raw(builder.raw_dir, batched_db))

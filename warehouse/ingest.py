@@ -33,6 +33,7 @@ from typing import Any
 import duckdb
 import pandera.errors
 import polars as pl
+import pyarrow as pa
 
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
@@ -309,7 +310,9 @@ def ingest_artifacts(
         for ref, sha, problem in batch.invalid:
             outcomes.append(_quarantine(con, kind, ref, sha, problem, ingest_id))
         if batch.items:
-            outcomes += _write(con, kind, batch.items, batch.frames, ingest_id, before_commit, report)
+            outcomes += _write(
+                con, kind, batch.items, batch.frames, ingest_id, before_commit, report, batch.arrow
+            )
     return outcomes
 
 
@@ -320,6 +323,7 @@ class _Batch:
     invalid: list[tuple[ArtifactRef, str | None, ArtifactInvalid]] = field(default_factory=list)
     items: list[_Item] = field(default_factory=list)  # read and validated: to write
     frames: dict[str, pl.DataFrame] = field(default_factory=dict)  # their validated rows, by table
+    arrow: dict[str, pa.Table] = field(default_factory=dict)  # the same rows, contiguous, for the INSERT
     rows: int = 0
 
 
@@ -443,7 +447,11 @@ def _validated(kind: ArtifactKind, batch: _Batch) -> _Batch:
     for item in batch.items:
         item.parts = {}  # the validated rows are in `frames` now
         item.rows = rows.get(item.ref.key, 0)
-    batch.frames = frames
+    # Converted here, in the reading thread, not by the writer: one chunk per column (not one per
+    # artifact) makes the Arrow export a few calls instead of thousands that each need the GIL. The
+    # Arrow tables share the rechunked frames' buffers.
+    batch.frames = {t: f.rechunk() for t, f in frames.items()}
+    batch.arrow = {t: f.to_arrow() for t, f in batch.frames.items() if f.height}
     return batch
 
 
@@ -611,7 +619,7 @@ def _log(
     )
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame | pa.Table) -> None:
     con.register("_ingest_frame", frame)
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingest_frame")
@@ -627,8 +635,10 @@ def _write(
     ingest_id: str,
     before_commit: BeforeCommit | None,
     report: IngestReport | None,
+    arrow: dict[str, pa.Table] | None = None,
 ) -> list[Outcome]:
-    """Write whole, validated artifacts in one transaction (with their ingest_log rows)."""
+    """Write whole, validated artifacts in one transaction (with their ingest_log rows). `arrow`: the same
+    rows as `frames`, already converted (see _validated)."""
     keys = [i.ref.key for i in items]
     now = _now()
     log = pl.DataFrame(
@@ -656,7 +666,7 @@ def _write(
                 con.execute(f"DELETE FROM {table} WHERE {kind.key_column} = ANY(?)", [replacing])
         for table, frame in frames.items():
             if frame.height:
-                _insert(con, table, frame)
+                _insert(con, table, (arrow or {}).get(table, frame))
         cleared = [i.ref.key for i in items if i.was_quarantined]
         if cleared:
             con.execute(
