@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from emulator.config import FAULTS, EmulatorConfig
+from tasks.load.kernel_clock import StampedReader
 
 _REASONS = {
     200: "OK",
@@ -562,6 +563,7 @@ class _Connection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self._arrived = 0.0
+        self._reader: StampedReader | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -572,11 +574,16 @@ class _Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        # A request's arrival time is the kernel's where it can give it (plain TCP on Linux), else taken in
+        # data_received, before the event loop runs any handler. Each request's schedule starts there, so
+        # a burst of requests that the loop reads late still gets its true arrival times.
+        self._reader = StampedReader.attach(transport, self._received)
 
     def data_received(self, data: bytes) -> None:
-        # The request's arrival time is taken here, before the event loop runs any handler: a burst of
-        # requests read in one loop iteration gets true arrival times, and each one's schedule starts there.
-        self._arrived = time.perf_counter()
+        self._received(data, time.perf_counter())
+
+    def _received(self, data: bytes, arrived: float) -> None:
+        self._arrived = arrived
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -584,6 +591,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._reader is not None:
+            self._reader.close()
         if self.current is not None:
             self.current.abort()
             self.current = None

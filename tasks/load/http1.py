@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from tasks.load.kernel_clock import StampedReader
+
 TransportErrorKind = Literal["connect", "timeout", "stream_cut", "protocol"]
 _perf_counter = time.perf_counter
 
@@ -83,6 +85,7 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._headers: dict[bytes, bytes] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._reader: StampedReader | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -93,12 +96,17 @@ class Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        # Arrival times from the kernel where it can give them (plain TCP on Linux): a busy event loop
+        # then delays when a chunk is parsed, not the time recorded for it.
+        self._reader = StampedReader.attach(transport, self._received)
 
     def data_received(self, data: bytes) -> None:
-        # Only stamp and keep the bytes here; parse them in a callback. The event loop calls every ready
-        # socket's data_received before it runs callbacks, so at high concurrency each stream's timestamp
-        # is taken before, not after, the parsing of all the streams that became readable with it.
-        arrived = _perf_counter()
+        self._received(data, _perf_counter())
+
+    def _received(self, data: bytes, arrived: float) -> None:
+        # Only keep the stamped bytes here; parse them in a callback. The event loop calls every ready
+        # socket's reader before it runs callbacks, so at high concurrency each stream's bytes are stamped
+        # before, not after, the parsing of all the streams that became readable with it.
         self.last_activity = arrived
         self.got_bytes = True
         self._inbox.append((data, arrived))
@@ -122,6 +130,8 @@ class Connection(asyncio.Protocol):
                 return
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._reader is not None:
+            self._reader.close()
         if self._inbox:
             self._parse_inbox()  # bytes that arrived before the close belong to the response
         self.closed = True
@@ -216,6 +226,8 @@ class Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
+        if self._reader is not None:
+            self._reader.close()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self.pool.forget(self)

@@ -1,0 +1,120 @@
+"""Kernel receive timestamps: a busy event loop delays when bytes are read, not the time recorded for them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+import uvloop
+
+from tasks.load.kernel_clock import StampedReader
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+class Recorder(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.stamped: list[tuple[bytes, float]] = []
+        self.unstamped: list[bytes] = []
+        self.lost = asyncio.get_running_loop().create_future()
+        self.reader: StampedReader | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.reader = StampedReader.attach(transport, lambda data, at: self.stamped.append((data, at)))
+
+    def data_received(self, data: bytes) -> None:
+        self.unstamped.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        self.lost.set_result(exc)
+
+
+def run(loop_kind: str, main: Callable[[], object]) -> None:
+    loop = LOOPS[loop_kind]()
+    try:
+        loop.run_until_complete(main())  # type: ignore[arg-type]
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+def test_stamp_is_the_arrival_not_the_late_read(loop_kind: str) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        protocols: list[Recorder] = []
+        server = await loop.create_server(
+            lambda: protocols.append(Recorder()) or protocols[-1], "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        peer = socket.create_connection(("127.0.0.1", port))
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.sleep(0.05)  # connection_made and the switch to the stamped reader
+        (receiver,) = protocols
+        assert receiver.reader is not None and receiver.reader.reading
+        delays = []
+        for n in range(3):
+            sent = time.perf_counter()
+            peer.send(b"chunk %d;" % n)
+            time.sleep(0.03)  # the event loop is busy elsewhere: it reads these bytes 30 ms late
+            await asyncio.sleep(0.01)
+            data, at = receiver.stamped[-1]
+            assert data == b"chunk %d;" % n
+            delays.append(at - sent)
+        # a stamp taken when the loop read the bytes would be 30 ms or more after the send
+        assert max(delays) < 0.01, delays
+        assert min(delays) >= 0.0
+        assert receiver.unstamped == []
+        peer.close()
+        assert await asyncio.wait_for(receiver.lost, 5) is None  # the end of stream closes the transport
+        assert receiver.reader.closed
+        server.close()
+
+    run(loop_kind, main)
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+def test_bytes_before_the_switch_still_arrive_in_order(loop_kind: str) -> None:
+    """A peer that writes the moment it connects: nothing is lost or reordered across the switch."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        protocols: list[Recorder] = []
+        server = await loop.create_server(
+            lambda: protocols.append(Recorder()) or protocols[-1], "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        peer = socket.create_connection(("127.0.0.1", port))
+        parts = [b"%04d" % i for i in range(200)]
+        for part in parts:
+            peer.send(part)
+            await asyncio.sleep(0)
+        peer.close()
+        (receiver,) = protocols
+        await asyncio.wait_for(receiver.lost, 5)
+        received = b"".join(receiver.unstamped) + b"".join(d for d, _ in receiver.stamped)
+        assert received == b"".join(parts)
+        server.close()
+
+    run(loop_kind, main)
+
+
+def test_tls_transports_keep_their_own_reading() -> None:
+    class Fake(asyncio.BaseTransport):
+        def get_extra_info(self, name: str, default: object = None) -> object:
+            return object() if name == "sslcontext" else default
+
+    async def main() -> None:
+        assert StampedReader.attach(Fake(), lambda data, at: None) is None
+
+    run("asyncio", main)
