@@ -1,8 +1,8 @@
 """The emulator's HTTP server: raw asyncio HTTP/1.1 (httptools' parser) serving vLLM-shaped responses.
 
-Why a protocol object per connection rather than an ASGI app: control, not speed. It stamps a request's
-arrival in `data_received` (before any handler runs, so a burst of requests read together keeps true
-arrival times), schedules every chunk with `call_at` on absolute deadlines, and can drop a TCP connection
+Why a protocol object per connection rather than an ASGI app: control, not speed. It takes a request's
+arrival time from the kernel (tasks/load/kernel_clock.py; in `data_received`, before any handler runs,
+where it cannot), so a burst of requests read late keeps true arrival times; it schedules every chunk with `call_at` on absolute deadlines, and can drop a TCP connection
 mid-body for the `cut` fault. Measured with benchmarks/emulator_server_choice.py (docs/performance.md), a
 bare ASGI callable under uvicorn + httptools costs about the same CPU per chunk (0.020-0.026 ms either
 way), so speed did not decide it. Either needs about 20 microseconds of CPU per chunk: one core streams

@@ -6,8 +6,8 @@ with httpx-sse sustained under 3,000 chunks per CPU-second (httpcore's pool scan
 queued request, and anyio wraps every read in a cancel scope), aiohttp about 55,000, and StreamingClient on
 this module about 90,000 with all its record keeping. A load generator that spends its CPU in its HTTP stack
 delays the very timestamps it reports, so this transport does the minimum: it writes a pre-built request,
-stamps every arrival in `data_received`, hands the bytes to the caller's sink, and keeps the connection for
-the next request. Parsing (status line, headers, chunked framing) is httptools' (llhttp, as in uvicorn).
+stamps every arrival (with the kernel's receive time where it can: tasks/load/kernel_clock.py), hands the
+bytes to the caller's sink, and keeps the connection for the next request. Parsing (status line, headers, chunked framing) is httptools' (llhttp, as in uvicorn).
 
 Scope, on purpose: HTTP/1.1 over TCP or TLS to one origin, no proxies, no redirects, no compression.
 """
@@ -98,36 +98,49 @@ class Connection(asyncio.Protocol):
                 pass
         # Arrival times from the kernel where it can give them (plain TCP on Linux): a busy event loop
         # then delays when a chunk is parsed, not the time recorded for it.
-        self._reader = StampedReader.attach(transport, self._received)
+        self._reader = StampedReader.attach(transport, self._stamped)
 
     def data_received(self, data: bytes) -> None:
-        self._received(data, _perf_counter())
-
-    def _received(self, data: bytes, arrived: float) -> None:
-        # Only keep the stamped bytes here; parse them in a callback. The event loop calls every ready
-        # socket's reader before it runs callbacks, so at high concurrency each stream's bytes are stamped
-        # before, not after, the parsing of all the streams that became readable with it.
+        # The transport's own reading (no kernel stamps): stamp now and parse in a callback. The event loop
+        # calls every ready socket's reader before it runs callbacks, so at high concurrency each stream's
+        # bytes are stamped before, not after, the parsing of all the streams that became readable with it.
+        arrived = _perf_counter()
         self.last_activity = arrived
         self.got_bytes = True
         self._inbox.append((data, arrived))
         if len(self._inbox) == 1:
             self._loop.call_soon(self._parse_inbox)
 
+    def _stamped(self, data: bytes, arrived: float) -> None:
+        # The kernel's stamp is fixed whenever the bytes are parsed: parse them at once (after any bytes
+        # the transport read before the stamped reader took over).
+        self.last_activity = arrived
+        self.got_bytes = True
+        if self._inbox:
+            self._parse_inbox()
+        self._feed(data, arrived)
+
     def _parse_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
         for data, arrived in inbox:
-            if self.sink is None:  # bytes outside a request: the server misbehaves; do not reuse
-                self._close()
+            if not self._feed(data, arrived):
                 return
-            self._arrived = arrived
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                self._fail("protocol", f"malformed HTTP response: {exc}")
-                return
-            except Exception as exc:  # a sink bug must not kill the event loop's protocol: report it
-                self._fail("protocol", f"{type(exc).__name__} while reading the response: {exc}")
-                return
+
+    def _feed(self, data: bytes, arrived: float) -> bool:
+        """Parse bytes that arrived at `arrived`; False when the connection was given up."""
+        if self.sink is None:  # bytes outside a request: the server misbehaves; do not reuse
+            self._close()
+            return False
+        self._arrived = arrived
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail("protocol", f"malformed HTTP response: {exc}")
+            return False
+        except Exception as exc:  # a sink bug must not kill the event loop's protocol: report it
+            self._fail("protocol", f"{type(exc).__name__} while reading the response: {exc}")
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._reader is not None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 SO_TIMESTAMPNS = 35  # Linux's SO_TIMESTAMPNS(_OLD): a struct timespec of two native longs per read
 _TIMESPEC = struct.Struct("@ll")
 _ANCILLARY_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
-_READ_SIZE = 256 * 1024
+_READ_SIZE = 64 * 1024
 _perf_counter = time.perf_counter
 _time_ns = time.time_ns
 
