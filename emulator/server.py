@@ -264,7 +264,7 @@ class _Generation:
         self.created = int(time.time())
         self.emitted = 0
         self.chunks = 0
-        self.handle: asyncio.TimerHandle | None = None
+        self.handle: asyncio.Handle | None = None
         self.due = 0.0
         self.received = request.arrived
         self.admitted: float | None = None
@@ -299,7 +299,8 @@ class _Generation:
 
     def _schedule(self, due: float) -> None:
         self.due = due
-        self.handle = self.loop.call_at(self.loop.time() + (due - time.perf_counter()), self._step)
+        wake = due - self.config.spin_ms / 1000.0
+        self.handle = self.loop.call_at(self.loop.time() + (wake - time.perf_counter()), self._step)
 
     def abort(self) -> None:
         """The client went away: stop, count what was generated so far (vLLM aborts the request too)."""
@@ -345,7 +346,10 @@ class _Generation:
         if self.finished:
             return
         if time.perf_counter() < self.due:  # uvloop's timers round to 1 ms: never write early
-            self._schedule(self.due)
+            if self.config.spin_ms > 0:  # poll: come back after the loop's next round of I/O
+                self.handle = self.loop.call_soon(self._step)
+            else:
+                self._schedule(self.due)
             return
         n = self._draw_tokens()
         ids = [(self.base_id + (self.emitted + j) * 7919) % 2000 + 2 for j in range(n)]

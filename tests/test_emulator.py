@@ -152,11 +152,24 @@ def test_server_side_timing_follows_the_injection(emulator):
         assert t["tokens"] == 10 and t["chunks"] == 10
 
 
+@pytest.mark.parametrize("spin_ms", [0.0, 2.0])
+def test_server_side_timing_follows_the_injection_with_or_without_polling(emulator, spin_ms):
+    """Polling (spin_ms) wakes the emulator early, never writes early, and streams the same responses."""
+    emulator.configure(ttft_ms=30, step_ms=5, spin_ms=spin_ms)
+    records, _ = send_all(emulator.url, [prompt(max_tokens=8)] * 6)
+    assert all(r.ok and r.completion_tokens == 8 for r in records)
+    for t in emulator.trace():
+        assert 0.030 <= t["first"] - t["admitted"] <= 0.030 + 0.015
+        assert 0.030 + 7 * 0.005 <= t["last"] - t["admitted"] <= 0.030 + 7 * 0.005 + 0.015
+
+
 def test_config_round_trip_and_validation():
     config = EmulatorConfig(port=0, k=2, acceptance=(0.9, 0.4), trace=True, fault="cut", token_ids="ignored")
     assert config_from_args(config_args(config)) == config
     with pytest.raises(ValueError, match="fault"):
         EmulatorConfig(fault="explode")
+    with pytest.raises(ValueError, match="spin_ms"):
+        EmulatorConfig(spin_ms=-1)
     with pytest.raises(ValueError, match="token_ids"):
         EmulatorConfig(token_ids="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown field"):
