@@ -2,11 +2,12 @@
 
 Why a protocol object per connection rather than an ASGI app: control, not speed. It takes a request's
 arrival time from the kernel (tasks/load/kernel_clock.py; in `data_received`, before any handler runs,
-where it cannot), so a burst of requests read late keeps true arrival times; it schedules every chunk with `call_at` on absolute deadlines, and can drop a TCP connection
-mid-body for the `cut` fault. Measured with benchmarks/emulator_server_choice.py (docs/performance.md), a
-bare ASGI callable under uvicorn + httptools costs about the same CPU per chunk (0.020-0.026 ms either
-way), so speed did not decide it. Either needs about 20 microseconds of CPU per chunk: one core streams
-some 50,000 chunks a second, which bounds the load the emulator can present (1,024 streams at 20 ms steps).
+where it cannot), so a burst of requests read late keeps true arrival times; it schedules every chunk
+with `call_at` on absolute deadlines, and can drop a TCP connection mid-body for the `cut` fault. Measured
+with benchmarks/emulator_server_choice.py (docs/performance.md), a bare ASGI callable under uvicorn +
+httptools costs about the same CPU per chunk (0.020-0.026 ms either way), so speed did not decide it.
+Either needs about 20 microseconds of CPU per chunk: one core streams some 50,000 chunks a second, which
+bounds the load the emulator can present (1,024 streams at 20 ms steps).
 
 Timing model, per request: the response headers go out on arrival; a request is admitted at once, or when
 a running one ends if `max_running` is reached (it waits, like a full batch); the first token is written

@@ -7,7 +7,8 @@ queued request, and anyio wraps every read in a cancel scope), aiohttp about 55,
 this module about 90,000 with all its record keeping. A load generator that spends its CPU in its HTTP stack
 delays the very timestamps it reports, so this transport does the minimum: it writes a pre-built request,
 stamps every arrival (with the kernel's receive time where it can: tasks/load/kernel_clock.py), hands the
-bytes to the caller's sink, and keeps the connection for the next request. Parsing (status line, headers, chunked framing) is httptools' (llhttp, as in uvicorn).
+bytes to the caller's sink, and keeps the connection for the next request. Parsing (status line, headers,
+chunked framing) is httptools' (llhttp, as in uvicorn).
 
 Scope, on purpose: HTTP/1.1 over TCP or TLS to one origin, no proxies, no redirects, no compression.
 """
