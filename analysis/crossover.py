@@ -106,10 +106,9 @@ def crossover_table(speedups: pl.DataFrame, settings: AnalysisSettings | None = 
                 for r, s in zip(group["repeats"].to_list(), group["per_repeat"].to_list(), strict=True)
             ]
             repeats = sorted(set.intersection(*(set(d) for d in per_load)))
-            matrix = np.array([[d[r] for d in per_load] for r in repeats], dtype=float).reshape(
-                len(repeats), -1
-            )
-            if len(repeats) == 0:
+            if repeats:
+                matrix = np.array([[d[r] for d in per_load] for r in repeats], dtype=float)
+            else:  # no repeat at every load (pairs left out, e.g. a stream read in one burst): estimates only
                 matrix = estimates.reshape(1, -1)
 
             def statistic(

@@ -173,6 +173,29 @@ def test_a_planted_crossover_is_found_with_its_interval(crossover_db: Path) -> N
     assert "> 16" in never["interval"]
 
 
+def test_crossover_when_no_repeat_is_paired_at_every_load() -> None:
+    """A pair left out at one load (TPOT 0: a stream read in one burst) can leave no repeat present at
+    every load; the crossover then comes from the estimates alone instead of failing the analysis."""
+    from analysis.crossover import crossover_table
+    from analysis.speedup import SPEEDUP_SCHEMA
+
+    base = {"variant": "draft-k3", "method": "draft_model", "k": 3, "workload": "chat", "load_mode": "closed"}
+    rows = [
+        base
+        | {"load_label": "c1", "concurrency": 1, "rate": None, "metric": "tpot_p50", "estimate": 1.2}
+        | {"per_repeat": [1.2], "repeats": [0], "n_repeats": 1},
+        base
+        | {"load_label": "c4", "concurrency": 4, "rate": None, "metric": "tpot_p50", "estimate": 0.8}
+        | {"per_repeat": [0.8], "repeats": [1], "n_repeats": 1},
+    ]
+    speedups = pl.DataFrame(rows, schema=SPEEDUP_SCHEMA)
+    table = crossover_table(speedups, FAST)
+    crossing = table.filter(pl.col("metric") == "tpot_p50").row(0, named=True)
+    assert crossing["status"] == "crosses"
+    assert crossing["crossover"] == pytest.approx(2 ** (0 + 0.2 / 0.4 * 2))  # log2 midpoint of 1 and 4: 2
+    assert crossing["loads"] == [1.0, 4.0] and crossing["speedups"] == [1.2, 0.8]
+
+
 def test_speedup_below_one_is_flagged_and_break_even_explains_it(crossover_db: Path) -> None:
     _, results = analysed(crossover_db)
     depth = results.depth
