@@ -40,6 +40,17 @@ class Recorder(asyncio.Protocol):
         self.lost.set_result(exc)
 
 
+async def connected_pair() -> tuple[asyncio.Server, list[Recorder], socket.socket]:
+    """A server whose connections record what they receive, and a plain socket connected to it."""
+    protocols: list[Recorder] = []
+    server = await asyncio.get_running_loop().create_server(
+        lambda: protocols.append(Recorder()) or protocols[-1], "127.0.0.1", 0
+    )
+    peer = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return server, protocols, peer
+
+
 def run(loop_kind: str, main: Callable[[], object]) -> None:
     loop = LOOPS[loop_kind]()
     try:
@@ -51,14 +62,7 @@ def run(loop_kind: str, main: Callable[[], object]) -> None:
 @pytest.mark.parametrize("loop_kind", sorted(LOOPS))
 def test_stamp_is_the_arrival_not_the_late_read(loop_kind: str) -> None:
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        protocols: list[Recorder] = []
-        server = await loop.create_server(
-            lambda: protocols.append(Recorder()) or protocols[-1], "127.0.0.1", 0
-        )
-        port = server.sockets[0].getsockname()[1]
-        peer = socket.create_connection(("127.0.0.1", port))
-        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        server, protocols, peer = await connected_pair()
         await asyncio.sleep(0.05)  # connection_made and the switch to the stamped reader
         (receiver,) = protocols
         assert receiver.reader is not None and receiver.reader.reading
@@ -88,13 +92,7 @@ def test_bytes_before_the_switch_still_arrive_in_order(loop_kind: str) -> None:
     """A peer that writes the moment it connects: nothing is lost or reordered across the switch."""
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        protocols: list[Recorder] = []
-        server = await loop.create_server(
-            lambda: protocols.append(Recorder()) or protocols[-1], "127.0.0.1", 0
-        )
-        port = server.sockets[0].getsockname()[1]
-        peer = socket.create_connection(("127.0.0.1", port))
+        server, protocols, peer = await connected_pair()
         parts = [b"%04d" % i for i in range(200)]
         for part in parts:
             peer.send(part)
