@@ -34,6 +34,7 @@ import duckdb
 import pandera.errors
 import polars as pl
 import pyarrow as pa
+from pandera.polars import DataFrameModel
 
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
@@ -41,7 +42,7 @@ from warehouse import raw
 from warehouse.db import default_path, replacing, writer
 from warehouse.errors import ArtifactInvalid
 from warehouse.lock import WaitCallback
-from warehouse.models import MODELS
+from warehouse.models import MODELS, one_query
 
 # before_commit(kind, keys) runs inside a write transaction, right before COMMIT (tests inject crashes there).
 BeforeCommit = Callable[[str, list[str]], None]
@@ -493,7 +494,7 @@ def _validate_table(
     except pl.exceptions.PolarsError:
         return _validate_each(table, pieces, bad)
     try:
-        return model.validate(combined, lazy=True), bad
+        return _checked(model, combined), bad
     except pandera.errors.SchemaErrors as exc:
         cases = exc.failure_cases
         if cases.get_column("index").null_count():
@@ -517,6 +518,15 @@ def _validate_table(
             return _validate_each(table, keep, bad)
     except (pandera.errors.SchemaError, pl.exceptions.PolarsError):
         return _validate_each(table, pieces, bad)
+
+
+def _checked(model: type[DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` validated: every check in one query first (all a valid batch needs); if that fails, by the
+    model itself, whose errors name the column and the check (warehouse.models.one_query)."""
+    try:
+        return one_query(model).validate(frame, lazy=True)
+    except (pandera.errors.SchemaErrors, pandera.errors.SchemaError):
+        return model.validate(frame, lazy=True)
 
 
 def _rows_together(table: str, items: list[_Item]) -> dict[str, pl.DataFrame]:
