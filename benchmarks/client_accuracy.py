@@ -292,7 +292,8 @@ def emulator_part(levels: list[int], quick: bool, vllm: VllmClient, workdir: Pat
     try:
         plans = []
         for c in levels:
-            n = max(10, c) if quick else max(20, 2 * c)
+            # at C = 1 a client spends about 0.1 CPU-s on 20 requests: too small a sample for its chunk rate
+            n = max(10, c) if quick else max(64, 2 * c)
             duration = (TTFT_MS + (TOKENS - 1) * step_ms(c)) / 1000
             rate = c / duration  # Little's law: this rate keeps C requests in flight on average
             for mode in ("closed", "open"):
