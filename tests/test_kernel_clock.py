@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -116,3 +117,87 @@ def test_tls_transports_keep_their_own_reading() -> None:
         assert StampedReader.attach(Fake(), lambda data, at: None) is None
 
     run("asyncio", main)
+
+
+class SlowSink:
+    """Takes 40 ms over the first piece of body (a loop busy parsing other streams), records the rest."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[bytes, float]] = []
+        self.done = asyncio.get_running_loop().create_future()
+
+    def on_headers(self, status: int, headers: dict[bytes, bytes]) -> None:
+        pass
+
+    def on_body(self, data: bytes, arrived: float) -> None:
+        if not self.pieces:
+            time.sleep(0.04)
+        self.pieces.append((data, arrived))
+
+    def on_end(self) -> None:
+        self.done.set_result(None)
+
+    def on_error(self, kind: str, message: str, got_response: bool) -> None:
+        self.done.set_exception(AssertionError(f"{kind}: {message}"))
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+def test_a_busy_loop_reads_every_ready_stream_before_parsing_any(loop_kind: str) -> None:
+    """A read carries the stamp of its newest packet: a stream read only after another stream's parsing
+    would give its first chunk the second chunk's time. Two streams get their first chunks together, their
+    second ones 15 ms later, while parsing each first chunk takes 40 ms: every chunk keeps its own time."""
+    from tasks.load.http1 import ConnectionPool, Origin, build_request
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    first_sent = threading.Event()
+    sent_at: dict[str, float] = {}
+
+    def serve() -> None:
+        peers = [listener.accept()[0] for _ in range(2)]
+        for peer in peers:
+            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer.recv(65536)  # the request
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for peer in peers:
+            peer.send(head + b"6\r\nfirst;\r\n")
+        sent_at["first"] = time.perf_counter()
+        first_sent.set()
+        time.sleep(0.015)
+        for peer in peers:
+            peer.send(b"7\r\nsecond;\r\n")
+        sent_at["second"] = time.perf_counter()
+        for peer in peers:
+            peer.send(b"0\r\n\r\n")
+        time.sleep(0.2)
+        for peer in peers:
+            peer.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        origin = Origin.parse(f"http://127.0.0.1:{port}")
+        pool = ConnectionPool(origin, connect_timeout_s=5, ssl_context=None)
+        connections = [await pool.connect() for _ in range(2)]
+        await asyncio.sleep(0.02)  # the switch to stamped reading
+        sinks = [SlowSink() for _ in connections]
+        for conn, sink in zip(connections, sinks, strict=True):
+            conn.start(build_request(origin, "/x", b"{}", {}), sink, timeout_s=5)
+        # keep the loop away until both first chunks are in, so that one loop pass finds both ready
+        assert first_sent.wait(5)
+        time.sleep(0.005)
+        await asyncio.wait_for(asyncio.gather(*(s.done for s in sinks)), 5)
+        for sink in sinks:
+            (first, first_at), (second, second_at) = sink.pieces
+            assert (first, second) == (b"first;", b"second;")
+            assert first_at - sent_at["first"] < 0.008, "the first chunk got a later packet's time"
+            assert abs(second_at - sent_at["second"]) < 0.008
+        for conn in connections:
+            conn.abandon()
+
+    try:
+        run(loop_kind, main)
+    finally:
+        thread.join(5)
+        listener.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import statistics
 
@@ -213,3 +214,29 @@ def test_plan_from_spec_and_validation():
         LoadPlan("closed", requests=3)
     with pytest.raises(ValueError):
         LoadPlan("open", rate=0)
+
+
+def test_no_full_garbage_collection_during_a_cell(emulator):
+    """A full collection stalls the loop for tens of ms; a cell makes none, however much it allocates, and
+    the process's collection thresholds are back afterwards."""
+    emulator.configure(ttft_ms=5, step_ms=1)
+    kept: list[list[int]] = []
+    generations: list[int] = []
+
+    def allocate(record) -> None:
+        kept.extend([i] for i in range(20_000))  # survivors: enough for several full collections
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    before = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        run(emulator.url, LoadPlan("closed", concurrency=2, requests=10, warmup=0), on_record=allocate)
+    finally:
+        gc.callbacks.remove(seen)
+    assert generations.count(1) >= 10  # it allocated enough for full collections to be due
+    assert 2 not in generations, generations
+    assert gc.get_threshold() == before
+    kept.clear()

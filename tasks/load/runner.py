@@ -274,6 +274,9 @@ class _Cell:
             await self.open_phase(phase, count)
 
 
+_NO_FULL_COLLECTION = 2**31 - 1  # gen-1 collections before a full one: never, within a cell
+
+
 async def run_load(
     client: StreamingClient,
     prompts: Sequence[Prompt],
@@ -290,14 +293,20 @@ async def run_load(
     `t0` (a `time.perf_counter()` value, default: now) is the origin of every time in the records; a cell
     that samples gauges passes its own so that both share one clock. The time cap counts from it.
     """
-    # A full garbage collection of a big process pauses the loop for tens of ms (late sends, late
-    # timestamps): freeze what exists now, so that collections during the cell only scan the cell's objects.
+    # A full garbage collection pauses the loop for tens of ms (late sends; two chunks of a stream read
+    # together share the newer one's kernel timestamp). Freeze what exists now, so that collections during
+    # the cell only scan the cell's objects, and make none of them full: even one over the cell's own records
+    # (3,072 at 1,024 streams) took 13-23 ms, and it stalled the loop while the first tokens of the measured
+    # window came in (docs/performance.md). Young collections, which scan only recent objects, go on.
     gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], _NO_FULL_COLLECTION)
     try:
         return await _run_cell(
             client, prompts, plan, sampling, before_measured, after_measured, on_record, t0
         )
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
 
 
