@@ -11,7 +11,7 @@ import duckdb
 import pandera.polars as pa
 import polars as pl
 import pytest
-from warehouse_fixtures import RawBuilder, make_spec
+from warehouse_fixtures import DATA_TABLES, RawBuilder, make_spec
 
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
@@ -19,17 +19,6 @@ from warehouse.models import MODELS
 from warehouse.raw import engine_settings
 
 VIEWS = ("v_cells", "v_speedup", "v_acceptance", "v_acceptance_positions", "v_capacity")
-DATA_TABLES = (
-    "campaigns",
-    "deployments",
-    "cells",
-    "requests",
-    "gauges",
-    "spec_decode",
-    "spec_decode_positions",
-    "captures",
-    "capture_outputs",
-)
 
 
 @pytest.fixture(scope="module")

@@ -10,22 +10,11 @@ import pandera.errors
 import pandera.polars as pa
 import polars as pl
 import pytest
-from warehouse_fixtures import RawBuilder, make_spec
+from warehouse_fixtures import DATA_TABLES, RawBuilder, make_spec
 
 import warehouse.ingest as ingest
 from warehouse.models import MODELS, one_query
 
-TABLES = (
-    "campaigns",
-    "deployments",
-    "cells",
-    "requests",
-    "gauges",
-    "spec_decode",
-    "spec_decode_positions",
-    "captures",
-    "capture_outputs",
-)
 ROWS = 12  # enough for duplicates, few enough that each validation is pandera's fixed cost
 
 
@@ -98,7 +87,7 @@ def with_value(frame: pl.DataFrame, name: str, what: str, value: object) -> pl.D
     return frame.with_columns(replaced.cast(frame.schema[name]).alias(name))
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", DATA_TABLES)
 def test_one_query_refuses_what_the_model_refuses(frames: dict[str, pl.DataFrame], table: str) -> None:
     frame, model = frames[table], MODELS[table]
     fused = one_query(model)
@@ -119,7 +108,7 @@ def test_one_query_refuses_what_the_model_refuses(frames: dict[str, pl.DataFrame
     assert cases > 0 or table == "spec_decode_positions"
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", DATA_TABLES)
 def test_one_query_accepts_nulls_where_the_model_does(frames: dict[str, pl.DataFrame], table: str) -> None:
     """Checks let nulls through in nullable columns (pandera's ignore_na): so must the fused query."""
     frame, model = frames[table], MODELS[table]

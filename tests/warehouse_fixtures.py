@@ -82,6 +82,19 @@ class VariantProfile:
     acceptance_rate: float | None = None  # speculative variants only
 
 
+# The tables a RawBuilder tree fills (every artifact kind it writes).
+DATA_TABLES = (
+    "campaigns",
+    "deployments",
+    "cells",
+    "requests",
+    "gauges",
+    "spec_decode",
+    "spec_decode_positions",
+    "captures",
+    "capture_outputs",
+)
+
 DEFAULT_PROFILES = {
     "plain": VariantProfile(ttft_s=0.050, tpot_s=0.020, tokens_per_chunk=1.0),
     "ngram-k3": VariantProfile(ttft_s=0.055, tpot_s=0.016, tokens_per_chunk=1.6, acceptance_rate=0.30),
