@@ -140,3 +140,23 @@ def test_ingest_still_names_the_column_that_failed(tmp_path: Path) -> None:
     reasons = [o.message for o in report.quarantined]
     assert len(reasons) == 1 and "queued_s" in reasons[0], reasons
     assert report.rows_by_table["cells"] > 0  # the other cells loaded
+
+
+class _Uncapturable(pa.DataFrameModel):
+    """A frame check that is not a plain `select` of an expression: one_query runs it as its own query."""
+
+    x: pl.Int64 = pa.Field(ge=0)
+
+    @pa.dataframe_check(error="x: must be even")
+    def even(cls, data) -> pl.LazyFrame:
+        return data.lazyframe.with_columns(pl.col("x").mod(2).alias("r")).select(pl.col("r") == 0)
+
+    class Config:
+        strict = True
+
+
+def test_one_query_runs_a_check_it_cannot_capture_on_its_own() -> None:
+    fused = one_query(_Uncapturable)
+    assert accepts(fused, pl.DataFrame({"x": [0, 2, 4]}))
+    assert not accepts(fused, pl.DataFrame({"x": [0, 3, 4]}))  # the uncaptured check
+    assert not accepts(fused, pl.DataFrame({"x": [0, -2, 4]}))  # the captured one beside it
