@@ -116,8 +116,17 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
                     os.killpg(p.pid, signal.SIGKILL)  # the worker ignores a first SIGTERM at times
 
 
+# Prefect's server answers 503 for errors a client may retry (a busy SQLite database, say) and its own
+# clients retry them (prefect.client.base); so does this helper, a few times with backoff.
+RETRYABLE = {429, 502, 503}
+
+
 def api(server: dict[str, str], method: str, path: str, **kwargs) -> httpx.Response:
-    response = httpx.request(method, f"{server['api']}{path}", timeout=30, **kwargs)
+    for attempt in range(6):
+        response = httpx.request(method, f"{server['api']}{path}", timeout=30, **kwargs)
+        if response.status_code not in RETRYABLE or attempt == 5:
+            break
+        time.sleep(0.5 * 2**attempt)
     response.raise_for_status()
     return response
 

@@ -221,13 +221,26 @@ def test_a_dying_engine_ends_the_gate_at_once_with_its_log(
 
 
 @pytest.mark.slurm
-def test_a_job_that_fails_before_serving_is_reported_by_launch(
+def test_a_job_that_fails_before_serving_is_reported_by_launch_or_the_gate(
     no_leftover_jobs: None, tmp_path: Path
 ) -> None:
+    # The job prints where it runs before it execs the engine, so squeue may still say RUNNING with that
+    # line in the log when launch looks (launch returns; the gate then sees the job end), or the job may be
+    # over already (launch raises). Either way: EngineDied naming the end and the engine's own complaint.
     slurm = launcher(tmp_path, "/nonexistent/bin/python -m vllm")
+    launched = None
     with pytest.raises(EngineDied) as died:
-        slurm.launch(TARGET, PLAIN, deployment_id="slurmtest.nopython.r0", directory=tmp_path / "dep")
-    assert "FAILED" in str(died.value) and "/nonexistent/bin/python" in died.value.log_tail
+        launched = slurm.launch(
+            TARGET, PLAIN, deployment_id="slurmtest.nopython.r0", directory=tmp_path / "dep"
+        )
+        try:
+            wait_ready(launched, slurm, timeout_s=120, poll_s=0.5)
+        finally:
+            slurm.teardown(launched)
+    where = "launch" if launched is None else "gate"
+    print(f"reported by the {where}: {died.value}")
+    assert "FAILED" in f"{died.value} {died.value.log_tail}"
+    assert "/nonexistent/bin/python" in died.value.log_tail
     assert not any(e["id"] == "slurmtest.nopython.r0" for e in ledger.entries())
 
 
