@@ -465,9 +465,9 @@ def _validate_table(
     bad: dict[str, ArtifactInvalid] = {}
     pieces: list[tuple[_Item, pl.DataFrame]] = []
     on_disk = [i for i in items if isinstance(i.parts[table], raw.ParquetPart)]
-    results = raw.read_parquet_parts(table, [i.parts[table] for i in on_disk])
+    parquet = raw.read_parquet_parts(table, [i.parts[table] for i in on_disk])
     read: dict[str, pl.DataFrame | ArtifactInvalid] = dict(
-        zip((i.ref.key for i in on_disk), results, strict=True)
+        zip((i.ref.key for i in on_disk), parquet.results, strict=True)
     )
     read |= _rows_together(table, [i for i in items if isinstance(i.parts[table], list)])
     for item in items:
@@ -488,9 +488,12 @@ def _validate_table(
     if not pieces:
         return pl.DataFrame(schema=raw.table_schema(table)) if table in MODELS else pl.DataFrame(), bad
     try:
-        combined = (
-            pl.concat([f for _, f in pieces], how="vertical_relaxed") if len(pieces) > 1 else pieces[0][1]
-        )
+        if parquet.whole is not None and len(on_disk) == len(items):
+            combined = parquet.whole  # the pieces are its slices, in order: no copy
+        elif len(pieces) > 1:
+            combined = pl.concat([f for _, f in pieces], how="vertical_relaxed")
+        else:
+            combined = pieces[0][1]
     except pl.exceptions.PolarsError:
         return _validate_each(table, pieces, bad)
     try:
