@@ -309,7 +309,8 @@ def _read_together(table: str, parts: Sequence[ParquetPart]) -> ReadParts:
     runs = combined.get_column("_path").rle()
     files = runs.struct.field("value").to_list()
     counts = runs.struct.field("len").to_list()
-    if files != [p for p in paths if p in set(files)]:
+    present = set(files)
+    if files != [p for p in paths if p in present]:
         raise ValueError("rows did not come back in file order")
     # The key column by file index, not by mapping every row's path: no hashing of a million strings.
     key_of = {str(p.path): p.key for p in parts}
