@@ -221,13 +221,21 @@ def test_a_dying_engine_ends_the_gate_at_once_with_its_log(
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "/nonexistent/bin/python -m vllm",  # fails at once: usually seen by launch
+        "bash -c 'sleep 3; exec /nonexistent/bin/python' engine",  # fails once running: seen by the gate
+    ],
+    ids=["at-once", "after-start"],
+)
 def test_a_job_that_fails_before_serving_is_reported_by_launch_or_the_gate(
-    no_leftover_jobs: None, tmp_path: Path
+    no_leftover_jobs: None, tmp_path: Path, engine: str
 ) -> None:
     # The job prints where it runs before it execs the engine, so squeue may still say RUNNING with that
     # line in the log when launch looks (launch returns; the gate then sees the job end), or the job may be
     # over already (launch raises). Either way: EngineDied naming the end and the engine's own complaint.
-    slurm = launcher(tmp_path, "/nonexistent/bin/python -m vllm")
+    slurm = launcher(tmp_path, engine)
     launched = None
     with pytest.raises(EngineDied) as died:
         launched = slurm.launch(
