@@ -25,7 +25,16 @@ from specgauge.errors import SpecError
 
 # Names reach shell commands and job scripts on clusters: allow only what needs no quoting.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
-SpecMethod = Literal["none", "ngram", "draft_model", "eagle3"]
+SpecMethod = Literal["none", "ngram", "draft_model", "eagle3", "suffix", "dspark", "dflash", "mtp"]
+# Which variant field names the drafter checkpoint of each method (vLLM's speculative-config `model`);
+# mtp's is optional: without one vLLM uses the target's own MTP layers.
+DRAFTER_FIELD: dict[str, str] = {
+    "draft_model": "draft_model",
+    "eagle3": "eagle_head",
+    "dspark": "draft_model",
+    "dflash": "draft_model",
+    "mtp": "draft_model",
+}
 
 
 def _safe_name(value: str, what: str) -> str:
@@ -61,16 +70,23 @@ class TargetSpec(Strict):
 
 
 class Variant(Strict):
-    """One way of serving the target: plain, or one speculative method at one depth."""
+    """One way of serving the target: plain, or one speculative method at one depth.
+
+    Methods as vLLM names them: `ngram` (prompt lookup), `draft_model`, `eagle3` (a head at
+    `eagle_head`), `suffix` (suffix decoding; the engine needs the `arctic-inference` package), and, for
+    targets that have them, `dspark`, `dflash` (a drafter checkpoint at `draft_model`) and `mtp` (the
+    target's multi-token-prediction layers, or a checkpoint at `draft_model`)."""
 
     name: str
     method: SpecMethod = "none"
     k: int | None = Field(default=None, description="num_speculative_tokens (depth).")
-    draft_model: str | None = None
+    draft_model: str | None = Field(
+        default=None, description="Drafter checkpoint of draft_model, dspark, dflash (and optionally mtp)."
+    )
     draft_tensor_parallel_size: int | None = Field(default=None, gt=0)
     prompt_lookup_min: int | None = Field(default=None, gt=0)
     prompt_lookup_max: int | None = Field(default=None, gt=0)
-    eagle_head: str | None = None
+    eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
     extra_args: tuple[str, ...] = ()
 
     @field_validator("name")
@@ -83,7 +99,14 @@ class Variant(Strict):
         if self.method == "none":
             extras = [
                 f
-                for f in ("k", "draft_model", "prompt_lookup_min", "prompt_lookup_max", "eagle_head")
+                for f in (
+                    "k",
+                    "draft_model",
+                    "draft_tensor_parallel_size",
+                    "prompt_lookup_min",
+                    "prompt_lookup_max",
+                    "eagle_head",
+                )
                 if getattr(self, f) is not None
             ]
             if extras:
@@ -93,10 +116,23 @@ class Variant(Strict):
             return self
         if self.k is None or self.k <= 0:
             raise ValueError(f"method {self.method!r} needs k (num_speculative_tokens) > 0, got {self.k}")
+        drafter_field = DRAFTER_FIELD.get(self.method)
         if self.method == "draft_model" and not self.draft_model:
             raise ValueError("method 'draft_model' needs draft_model (a path or hub id)")
         if self.method == "eagle3" and not self.eagle_head:
             raise ValueError("method 'eagle3' needs eagle_head (the EAGLE-3 head's path)")
+        if self.method in ("dspark", "dflash") and not self.draft_model:
+            raise ValueError(f"method {self.method!r} needs draft_model (the {self.method} drafter's path)")
+        # A setting the method does not read would be silently dropped from the engine's config.
+        ignored = [
+            f for f in ("draft_model", "eagle_head") if getattr(self, f) is not None and f != drafter_field
+        ]
+        if drafter_field is None and self.draft_tensor_parallel_size is not None:
+            ignored.append("draft_tensor_parallel_size")
+        if self.method != "ngram":
+            ignored += [f for f in ("prompt_lookup_min", "prompt_lookup_max") if getattr(self, f) is not None]
+        if ignored:
+            raise ValueError(f"method {self.method!r} does not take {', '.join(ignored)}")
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min or 1, self.prompt_lookup_max or 4
             if lo > hi:
@@ -107,23 +143,27 @@ class Variant(Strict):
     def speculative(self) -> bool:
         return self.method != "none"
 
+    @property
+    def drafter(self) -> str | None:
+        """The drafter checkpoint's path as written in the spec (None: no checkpoint, e.g. ngram)."""
+        field = DRAFTER_FIELD.get(self.method)
+        return getattr(self, field) if field else None
+
     def speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's --speculative-config for this variant (paths as given; launchers resolve them)."""
+        """vLLM's --speculative-config for this variant (paths as given; launchers resolve them).
+        Keys are vLLM 0.32's SpeculativeConfig fields (vllm/config/speculative.py)."""
         if self.method == "none":
             return None
-        config: dict[str, Any] = {"num_speculative_tokens": self.k}
+        config: dict[str, Any] = {"num_speculative_tokens": self.k, "method": self.method}
         if self.method == "ngram":
             config |= {
-                "method": "ngram",
                 "prompt_lookup_min": self.prompt_lookup_min or 1,
                 "prompt_lookup_max": self.prompt_lookup_max or 4,
             }
-        elif self.method == "draft_model":
-            config |= {"method": "draft_model", "model": self.draft_model}
-            if self.draft_tensor_parallel_size:
-                config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
-        elif self.method == "eagle3":
-            config |= {"method": "eagle3", "model": self.eagle_head}
+        if self.drafter:
+            config["model"] = self.drafter
+        if self.draft_tensor_parallel_size:
+            config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
         return config
 
 

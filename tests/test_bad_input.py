@@ -176,7 +176,7 @@ def test_unknown_speculative_method(tmp_path: Path, observe) -> None:
     data["variants"][1]["method"] = "medusa"
     spec = write_spec(tmp_path / "m.yaml", data)
     done = run_cli(tmp_path / "home", "campaign", "run", str(spec))
-    expected = "variants[1].method: Input should be 'none', 'ngram', 'draft_model' or 'eagle3'"
+    expected = "variants[1].method: Input should be 'none', 'ngram', 'draft_model', 'eagle3', 'suffix', 'dspark', 'dflash' or 'mtp'"
     assert done.returncode == 2 and expected in done.stderr, done.stderr
     assert nothing_written(tmp_path / "home") == []
     observe(

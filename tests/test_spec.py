@@ -53,8 +53,9 @@ def test_errors_name_the_field() -> None:
     assert "variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0" in bad(
         lambda d: d["variants"][2].update(k=0)
     )
-    assert "variants[1].method: Input should be 'none', 'ngram', 'draft_model' or 'eagle3'" in bad(
-        lambda d: d["variants"][1].update(method="medusa")
+    assert (
+        "variants[1].method: Input should be 'none', 'ngram', 'draft_model', 'eagle3', 'suffix', 'dspark', 'dflash' or 'mtp'"
+        in bad(lambda d: d["variants"][1].update(method="medusa"))
     )
     assert "load.concurrencies[0]: Input should be greater than 0" in bad(
         lambda d: d["load"].update(concurrencies=[0])
