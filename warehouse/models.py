@@ -24,7 +24,8 @@ CELL_STATUSES = ["ok", "failed"]
 # cell; incomplete: it did. An explicit `status` in campaign.json must be one of these too.
 CAMPAIGN_STATUSES = ["created", "complete", "incomplete"]
 LOAD_MODES = ["closed", "open"]
-METHODS = ["none", "ngram", "draft_model", "eagle3"]
+# experiments/spec.py SpecMethod (tests/test_spec.py checks that the two agree)
+METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "dspark", "dflash", "mtp"]
 
 
 def _ok_implies(column: str) -> pl.Expr:
