@@ -3,12 +3,42 @@ chat completion succeeds. A dead engine ends the wait at once, with its log tail
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
 
 from specgauge.errors import EngineDied, HealthGateTimeout
 from tasks.launch.base import Deployment, Launcher
+
+# Start-up deaths that trying again cannot cure: the engine could not build or load its model or drafter
+# from what it was given (a missing or wrong path, a checkpoint whose tensors do not fit, an unknown
+# architecture, an invalid speculative config, a missing package). Wording from vLLM 0.32's sources:
+# transformers_utils/config.py, model_loader/{weight_utils,default_loader}.py, models/{registry,utils}.py,
+# config/speculative.py, v1/worker/gpu_model_runner.py. Anything else (an OOM kill, a port taken, a lost
+# node) stays transient.
+_PERMANENT_START_FAILURE = re.compile(
+    r"Invalid repository ID or local directory specified"
+    r"|Attempted to load weight \("
+    r"|There is no module or parameter named"
+    r"|Cannot find any model weights with"
+    r"|Model architectures \[.*\] are not supported for now"
+    r"|validation errors? for (?:SpeculativeConfig|ModelConfig|VllmConfig)"
+    r"|Arctic Inference is required for suffix decoding"
+    r"|Model does not support EAGLE3 interface"
+    r"|^(?:\([\w-]+ pid=\d+\)\s*)?KeyError: '[\w.]+\.(?:weight|bias)'"
+)
+# Lines read from a dead engine's log to find its cause: vLLM prints the root cause of an engine-core
+# failure above the front end's own, longer traceback.
+CAUSE_LINES = 400
+
+
+def permanent_start_failure(log_text: str) -> str | None:
+    """The first line of an engine's log that says its start-up failed for good, or None."""
+    for line in log_text.splitlines():
+        if _PERMANENT_START_FAILURE.search(line.strip()):
+            return line.strip()
+    return None
 
 
 def _check(client: httpx.Client, deployment: Deployment) -> str | None:
@@ -56,10 +86,12 @@ def wait_ready(
         while True:
             if launcher.alive(deployment) is False:
                 deployment.status = "failed"
+                cause = permanent_start_failure(launcher.log_tail(deployment, CAUSE_LINES))
                 raise EngineDied(
-                    f"deployment {deployment.id} ended before it was ready (last check: {last})",
+                    f"deployment {deployment.id} ended before it was ready (last check: {last})"
+                    + (f"; it cannot start with this model or drafter: {cause}" if cause else ""),
                     log_tail=launcher.log_tail(deployment),
-                    transient=True,
+                    transient=cause is None,
                 )
             last = _check(client, deployment) or ""
             if not last:

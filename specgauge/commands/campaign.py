@@ -47,7 +47,7 @@ def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, ana
     try:
         experiment = load_spec(spec_path)  # fail fast, before Prefect starts, with the field named
         plan = plan_campaign(experiment, label)
-        check_launchable(experiment)
+        check_launchable(experiment, source=str(spec_path))
         with reporting(RichReporter()):
             result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
     except InputError as exc:  # bad input: its message names the file and field; no traceback

@@ -19,6 +19,7 @@ from experiments.spec import TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT, get_settings
+from tasks.drafters.provenance import drafter_record
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, startup_facts, tail
 from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
@@ -150,6 +151,12 @@ class LocalLauncher:
         deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
         deployment.engine_version = facts.get("engine_version", deployment.engine_version)
         deployment.extra.update({k: v for k, v in facts.items() if k == "max_concurrency_at_len"})
+        if deployment.variant.drafter:  # which head or draft was served: its content hash and card
+            deployment.drafter = drafter_record(
+                deployment.variant.method,
+                deployment.variant.drafter,
+                resolve_local(deployment.variant.drafter),
+            )
         return facts
 
     def teardown(self, deployment: Deployment) -> None:
