@@ -23,11 +23,12 @@ _PERMANENT_START_FAILURE = re.compile(
     r"|There is no module or parameter named"
     r"|Cannot find any model weights with"
     r"|Model architectures \[.*\] are not supported for now"
-    r"|validation errors? for (?:SpeculativeConfig|ModelConfig|VllmConfig)"
     r"|Arctic Inference is required for suffix decoding"
     r"|Model does not support EAGLE3 interface"
     r"|^(?:\([\w-]+ pid=\d+\)\s*)?KeyError: '[\w.]+\.(?:weight|bias)'"
 )
+# The engine refused its config outright; its own reason, on the next lines, is named when listed above.
+_INVALID_CONFIG = re.compile(r"validation errors? for (?:SpeculativeConfig|ModelConfig|VllmConfig)")
 # Lines read from a dead engine's log to find its cause: vLLM prints the root cause of an engine-core
 # failure above the front end's own, longer traceback.
 CAUSE_LINES = 400
@@ -35,9 +36,10 @@ CAUSE_LINES = 400
 
 def permanent_start_failure(log_text: str) -> str | None:
     """The first line of an engine's log that says its start-up failed for good, or None."""
-    for line in log_text.splitlines():
-        if _PERMANENT_START_FAILURE.search(line.strip()):
-            return line.strip()
+    lines = [line.strip() for line in log_text.splitlines()]
+    for pattern in (_PERMANENT_START_FAILURE, _INVALID_CONFIG):
+        if found := next((line for line in lines if pattern.search(line)), None):
+            return found
     return None
 
 
