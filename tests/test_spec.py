@@ -85,3 +85,67 @@ def test_yaml_syntax_errors_give_the_line(tmp_path: Path) -> None:
         load_spec(path)
     assert str(info.value).startswith(f"{path}:")
     assert "invalid YAML" in str(info.value)
+
+
+def test_learned_and_other_drafter_variants_render_vllm_configs() -> None:
+    data = demo()
+    data["variants"] += [
+        {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"},
+        {"name": "eagle3-tp", "method": "eagle3", "k": 5, "eagle_head": "h", "draft_tensor_parallel_size": 1},
+        {"name": "suffix-k8", "method": "suffix", "k": 8},
+        {"name": "dspark-k7", "method": "dspark", "k": 7, "draft_model": "org/dspark"},
+        {"name": "dflash-k4", "method": "dflash", "k": 4, "draft_model": "org/dflash"},
+        {"name": "mtp-k1", "method": "mtp", "k": 1},
+    ]
+    spec = parse_spec(data, "x.yaml")
+    configs = {v.name: v.speculative_config() for v in spec.variants}
+    assert configs["eagle3-k3"] == {
+        "num_speculative_tokens": 3,
+        "method": "eagle3",
+        "model": "models/tiny-eagle3",
+    }
+    assert configs["eagle3-tp"]["draft_tensor_parallel_size"] == 1
+    assert configs["suffix-k8"] == {"num_speculative_tokens": 8, "method": "suffix"}
+    assert configs["dspark-k7"] == {"num_speculative_tokens": 7, "method": "dspark", "model": "org/dspark"}
+    assert configs["dflash-k4"] == {"num_speculative_tokens": 4, "method": "dflash", "model": "org/dflash"}
+    assert configs["mtp-k1"] == {"num_speculative_tokens": 1, "method": "mtp"}
+    drafters = {v.name: v.drafter for v in spec.variants}
+    assert drafters["plain"] is None and drafters["ngram-k3"] is None and drafters["suffix-k8"] is None
+    assert drafters["eagle3-k3"] == "models/tiny-eagle3" and drafters["draft-k3"] == "models/tiny-draft"
+
+
+def test_settings_a_method_does_not_read_are_refused() -> None:
+    def one(variant: dict) -> str:
+        return bad(lambda d: d["variants"].append(variant))
+
+    assert "variants[3]: method 'dflash' needs draft_model (the dflash drafter's path)" in one(
+        {"name": "x", "method": "dflash", "k": 3}
+    )
+    assert "variants[3]: method 'eagle3' does not take draft_model" in one(
+        {"name": "x", "method": "eagle3", "k": 3, "eagle_head": "h", "draft_model": "d"}
+    )
+    assert "variants[3]: method 'suffix' does not take draft_tensor_parallel_size" in one(
+        {"name": "x", "method": "suffix", "k": 3, "draft_tensor_parallel_size": 1}
+    )
+    assert "variants[3]: method 'draft_model' does not take eagle_head, prompt_lookup_max" in one(
+        {
+            "name": "x",
+            "method": "draft_model",
+            "k": 3,
+            "draft_model": "d",
+            "eagle_head": "h",
+            "prompt_lookup_max": 2,
+        }
+    )
+    assert "method 'none' (plain) takes no speculative settings, got draft_tensor_parallel_size" in one(
+        {"name": "x", "method": "none", "draft_tensor_parallel_size": 1}
+    )
+
+
+def test_the_warehouse_knows_every_method_the_spec_does() -> None:
+    from typing import get_args
+
+    from experiments.spec import SpecMethod
+    from warehouse.models import METHODS
+
+    assert sorted(METHODS) == sorted(get_args(SpecMethod))
