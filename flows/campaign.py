@@ -220,7 +220,8 @@ def campaign(
     spec_path = resolve_repo_path(spec)
     experiment = load_spec(spec_path)
     plan = plan_campaign(experiment, label)
-    check_launchable(experiment, source=str(spec_path))  # bad input is refused before anything is written or launched
+    # bad input is refused before anything is written or launched
+    check_launchable(experiment, source=str(spec_path))
     directory = state.record_campaign(plan, experiment)
     started = utc_now()
     logger.info(
