@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -539,3 +541,31 @@ def test_every_variant_renders_a_config_vllm_accepts() -> None:
         config = variant.speculative_config()
         assert config is not None and set(config) <= fields, (variant.name, set(config) - fields)
         assert config["method"] in methods
+
+
+def test_specgauge_campaign_run_refuses_a_broken_head_and_writes_nothing(tmp_path: Path) -> None:
+    head = build_head(
+        tmp_path / "head", head_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 9]})
+    )
+    data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+    data.pop("profile", None)
+    data["name"] = "drafter-contract"
+    data["variants"].append({"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": str(head)})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [sys.executable, "-m", "specgauge.cli", "campaign", "run", str(spec)],
+        cwd=REPO,
+        env={**os.environ, "SPECGAUGE_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"error: {spec}: variants[3].eagle_head: aux layers: eagle_aux_hidden_state_layer_ids [2, 4, 9] has [9] "
+        "outside the target's 6 layers (0..5)"
+    )
+    assert not (home / "raw").exists() or not any((home / "raw").iterdir())
+    assert not (home / "ledger").exists() or not any((home / "ledger").iterdir())
