@@ -569,3 +569,16 @@ def test_specgauge_campaign_run_refuses_a_broken_head_and_writes_nothing(tmp_pat
     )
     assert not (home / "raw").exists() or not any((home / "raw").iterdir())
     assert not (home / "ledger").exists() or not any((home / "ledger").iterdir())
+
+
+@pytest.mark.engine
+def test_a_draft_model_deployment_records_its_drafter(engines) -> None:
+    """On the real engine (the session's shared draft-k3 deployment): deployment.json names the draft
+    served by content hash, and its card."""
+    deployment = engines.get("draft-k3")
+    deployment.save()
+    saved = json.loads((deployment.directory / "deployment.json").read_text())
+    assert saved["drafter"]["method"] == "draft_model" and saved["drafter"]["path"] == "models/tiny-draft"
+    assert saved["drafter"]["sha256"] == drafter_digest(REPO / "models" / "tiny-draft")
+    assert set(saved["drafter"]["card"]["files"]) == {"README.md", "training.json"}
+    assert engines.get("plain").drafter is None
