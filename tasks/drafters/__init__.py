@@ -2,9 +2,11 @@
 before launch, and the provenance recorded for the one a deployment served."""
 
 from tasks.drafters.contract import check_eagle3_head, check_method_target, check_suffix_available
+from tasks.drafters.prelaunch import check_drafters
 from tasks.drafters.provenance import drafter_digest, drafter_record, training_card
 
 __all__ = [
+    "check_drafters",
     "check_eagle3_head",
     "check_method_target",
     "check_suffix_available",

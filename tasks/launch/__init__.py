@@ -11,6 +11,7 @@ from typing import Any
 
 from experiments.spec import ExperimentSpec, TargetSpec, Variant
 from specgauge.errors import InputError
+from tasks.drafters.prelaunch import check_drafters
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, Launcher
 from tasks.launch.local import LocalLauncher
@@ -40,7 +41,7 @@ def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
     is not the target's. A campaign calls this before it writes or launches anything, so bad input costs
     no engine start and leaves no partial campaign. Raises InputError naming the input (`source`: the spec's
     path, for messages)."""
-    check_drafters(spec, source)
+    check_drafters(spec, source)  # tasks/drafters/prelaunch.py
     if spec.launcher.kind != "local":
         return  # cluster paths are not readable from here; the engine checks on its side
     from tasks.launch.local import check_draft_vocabulary, resolve_local
@@ -51,56 +52,6 @@ def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
                 check_draft_vocabulary(resolve_local(spec.target.model), resolve_local(variant.draft_model))
             except InputError as exc:
                 raise InputError(f"variant {variant.name!r}: {exc}") from None
-
-
-def _local_path_or_hub_id(path: str) -> str | None:
-    """The local directory a spec path names; None for what can only be a hub id (`org/name`, not here)."""
-    from tasks.launch.local import resolve_local
-
-    resolved = resolve_local(path)
-    if Path(resolved).is_dir():
-        return resolved
-    could_be_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    return None if could_be_hub_id else resolved
-
-
-def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
-    """Each variant's drafter against its target (tasks/drafters), refused as `SOURCE: variants[i].FIELD:
-    rule: message` before anything is launched. Local launcher only where a check reads files or the engine."""
-    from specgauge.errors import SpecError
-    from specgauge.settings import get_settings
-    from tasks.drafters import check_eagle3_head, check_method_target, check_suffix_available
-
-    target_tp = spec.target.tensor_parallel_size
-    for i, variant in enumerate(spec.variants):
-        draft_tp = variant.draft_tensor_parallel_size
-        if draft_tp is not None and draft_tp not in (1, target_tp):  # vllm/config/speculative.py
-            raise SpecError(
-                f"{source}: variants[{i}].draft_tensor_parallel_size: vLLM takes 1 or the target's "
-                f"tensor_parallel_size ({target_tp}), got {draft_tp}"
-            )
-        if spec.launcher.kind != "local":
-            continue  # cluster paths and the cluster's engine are not readable from here
-        field = "method"
-        try:
-            if variant.method == "eagle3" and variant.eagle_head:
-                field = "eagle_head"
-                target = _local_path_or_hub_id(spec.target.model)
-                head = _local_path_or_hub_id(variant.eagle_head)
-                if head is not None and not Path(head).is_dir():
-                    raise InputError(f"config: {variant.eagle_head} is not a directory (nor a hub id)")
-                if target is not None and head is not None and Path(target).is_dir():
-                    check_eagle3_head(target, head)
-            elif variant.method == "suffix":
-                check_suffix_available(get_settings().engine_python)
-            elif variant.method in ("dspark", "dflash") or (
-                variant.method == "mtp" and not variant.draft_model
-            ):
-                target = _local_path_or_hub_id(spec.target.model)
-                if target is not None and Path(target).is_dir():
-                    check_method_target(variant.method, target)
-        except InputError as exc:
-            raise SpecError(f"{source}: variants[{i}].{field}: {exc}") from None
 
 
 def _stopper(kind: str):

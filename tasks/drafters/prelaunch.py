@@ -1,0 +1,58 @@
+"""Each variant's drafter against its target, before anything launches: the spec-level half of the
+drafter contract, called by `tasks.launch.check_launchable`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.spec import ExperimentSpec
+from specgauge.errors import InputError, SpecError
+from tasks.drafters.contract import check_eagle3_head, check_method_target, check_suffix_available
+
+
+def _local_path_or_hub_id(path: str) -> str | None:
+    """The local directory a spec path names; None for what can only be a hub id (`org/name`, not here)."""
+    from tasks.launch.local import resolve_local
+
+    resolved = resolve_local(path)
+    if Path(resolved).is_dir():
+        return resolved
+    could_be_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    return None if could_be_hub_id else resolved
+
+
+def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
+    """Each variant's drafter against its target (tasks/drafters), refused as `SOURCE: variants[i].FIELD:
+    rule: message` before anything is launched. Local launcher only where a check reads files or the engine."""
+    from specgauge.settings import get_settings
+
+    target_tp = spec.target.tensor_parallel_size
+    for i, variant in enumerate(spec.variants):
+        draft_tp = variant.draft_tensor_parallel_size
+        if draft_tp is not None and draft_tp not in (1, target_tp):  # vllm/config/speculative.py
+            raise SpecError(
+                f"{source}: variants[{i}].draft_tensor_parallel_size: vLLM takes 1 or the target's "
+                f"tensor_parallel_size ({target_tp}), got {draft_tp}"
+            )
+        if spec.launcher.kind != "local":
+            continue  # cluster paths and the cluster's engine are not readable from here
+        field = "method"
+        try:
+            if variant.method == "eagle3" and variant.eagle_head:
+                field = "eagle_head"
+                target = _local_path_or_hub_id(spec.target.model)
+                head = _local_path_or_hub_id(variant.eagle_head)
+                if head is not None and not Path(head).is_dir():
+                    raise InputError(f"config: {variant.eagle_head} is not a directory (nor a hub id)")
+                if target is not None and head is not None and Path(target).is_dir():
+                    check_eagle3_head(target, head)
+            elif variant.method == "suffix":
+                check_suffix_available(get_settings().engine_python)
+            elif variant.method in ("dspark", "dflash") or (
+                variant.method == "mtp" and not variant.draft_model
+            ):
+                target = _local_path_or_hub_id(spec.target.model)
+                if target is not None and Path(target).is_dir():
+                    check_method_target(variant.method, target)
+        except InputError as exc:
+            raise SpecError(f"{source}: variants[{i}].{field}: {exc}") from None
