@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_reliability_support import (
+from reliability_support import (
     Hooks,
     attempts,
     incomplete_attempts,
@@ -34,7 +34,7 @@ from specgauge import progress
 from specgauge.settings import get_settings
 from tasks import campaign as campaign_state
 
-pytest_plugins = ["test_reliability_support"]
+pytest_plugins = ["reliability_support"]
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
 SPEC = {
