@@ -18,8 +18,8 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
-from stand_ins.cluster import ensure_services, live_job_ids, ssh_config
 from reliability_support import corpus, ledger_ids
+from stand_ins.cluster import ensure_services, live_job_ids, ssh_config
 
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant
