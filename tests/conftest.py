@@ -15,6 +15,9 @@ import pytest
 # The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
 from emulator_fixture import emulator, emulator_session  # noqa: F401
 
+# Helper modules are not test modules: ask pytest to rewrite their asserts too (before test modules import them).
+pytest.register_assert_rewrite("reliability_support", "warehouse_fixtures", "analysis_fixtures")
+
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engine.lock"))
 # The tests' campaign: the demo cut to what the engine tests assert on (the file says why each part is there).
