@@ -24,16 +24,24 @@ ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engin
 CAMPAIGN_SPEC = REPO / "tests" / "data" / "specs" / "campaign.yaml"
 
 
+# A pool engine starts inside the body of the first test that asks for it (ready timeout 600 s).
+POOL_TEST_TIMEOUT_S = 900
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine starts are the suite's cost, so order by what a test needs: first the tests that read the
     session's campaign (it runs with no pool engine up), then the rest in file order (the pool starts each
-    variant at its first use and keeps it), last the tests that stop the pool to start engines of their own."""
+    variant at its first use and keeps it), last the tests that stop the pool to start engines of their own.
+    Tests of the pool get the time an engine start may take, unless they set their own timeout."""
 
     def rank(item: pytest.Item) -> int:
         names = getattr(item, "fixturenames", ())
         return 0 if "demo_campaign" in names else 2 if "no_idle_engines" in names else 1
 
     items.sort(key=rank)  # stable: file order within each rank
+    for item in items:
+        if "engines" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(POOL_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session", autouse=True)
