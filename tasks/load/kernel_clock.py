@@ -13,7 +13,7 @@ connection_made returns, whatever it asked); bytes read before it still come thr
 
 The kernel stamps on CLOCK_REALTIME; a stamp is moved to the perf_counter clock by its age on the wall clock,
 read between two perf_counter reads: the age is subtracted from their midpoint, so the mapping is off by at
-most half the time between them (`mapping_error_s`; sub-microsecond, docs/performance.md "Timestamps").
+most half the time between them (`mapping_error_s`: up to about 1 us, docs/performance.md "Timestamps").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _ANCILLARY_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _READ_SIZE = 64 * 1024
 _perf_counter = time.perf_counter
 _time_ns = time.time_ns
-_WIDE_BRACKET_S = 2e-6  # perf_counter, time_ns, perf_counter take about 0.25 us unless preempted
+_WIDE_BRACKET_S = 2e-6  # perf_counter, time_ns, perf_counter: well under 1 us unless preempted between
 
 
 class StampedReader:
