@@ -84,7 +84,9 @@ def test_failed_requests_are_kept_with_their_reason(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def real(demo_campaign: dict, campaign_spec: Path, engines, tmp_path_factory) -> dict[str, Path]:
+def real(
+    demo_campaign: dict, campaign_spec: Path, engines, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     """Captures of the whole 36-prompt corpus on every deployment the gate needs. The session's campaign
     (tests/conftest.py) took them on its plain deployments (plain.r0 twice: the same-deployment control;
     plain.r1: launched apart, the cross-deployment control) and on each speculative variant's first repeat;
