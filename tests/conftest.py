@@ -1,5 +1,7 @@
-"""Shared fixtures. The embedded engine is expensive to start (about a minute on 2 cores), so each
-variant's engine is started at most once per test session and shared by every test that needs it."""
+"""Shared fixtures (tests/README.md). The embedded engine is expensive to start (one to two minutes on 2
+cores), so the session starts as few as it can: one campaign (`demo_campaign`, on the tests' own spec) whose
+results several files read, and one engine per variant (`engines`) for every test that only needs one
+running; the campaign's tests run first, while no pool engine is up, and tests that stop the pool last."""
 
 from __future__ import annotations
 
@@ -10,8 +12,36 @@ from pathlib import Path
 
 import pytest
 
+# The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
+from emulator_fixture import emulator, emulator_session  # noqa: F401
+
+# Helper modules are not test modules: ask pytest to rewrite their asserts too (before test modules import them).
+pytest.register_assert_rewrite("reliability_support", "warehouse_fixtures", "analysis_fixtures")
+
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engine.lock"))
+# The tests' campaign: the demo cut to what the engine tests assert on (the file says why each part is there).
+CAMPAIGN_SPEC = REPO / "tests" / "data" / "specs" / "campaign.yaml"
+
+
+# A pool engine starts inside the body of the first test that asks for it (ready timeout 600 s).
+POOL_TEST_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Engine starts are the suite's cost, so order by what a test needs: first the tests that read the
+    session's campaign (it runs with no pool engine up), then the rest in file order (the pool starts each
+    variant at its first use and keeps it), last the tests that stop the pool to start engines of their own.
+    Tests of the pool get the time an engine start may take, unless they set their own timeout."""
+
+    def rank(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return 0 if "demo_campaign" in names else 2 if "no_idle_engines" in names else 1
+
+    items.sort(key=rank)  # stable: file order within each rank
+    for item in items:
+        if "engines" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(POOL_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,9 +94,15 @@ def engine_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="session")
+def campaign_spec() -> Path:
+    """The spec of the session's campaign (`demo_campaign`) and of the pool's engines."""
+    return CAMPAIGN_SPEC
+
+
 class EnginePool:
-    """Starts each variant's engine on first use and keeps it for the session. Idle engines cost little
-    CPU, so keeping plain, n-gram and draft-model engines up saves a minute per restart."""
+    """Starts each variant's engine (of the tests' campaign spec) on first use and keeps it for the session.
+    Idle engines cost little CPU, so keeping every variant's engine up saves a start per test that needs it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -79,7 +115,7 @@ class EnginePool:
 
         if variant_name in self.running:
             return self.running[variant_name][1]
-        spec = load_spec(REPO / "experiments" / "demo.yaml")
+        spec = load_spec(CAMPAIGN_SPEC)
         variant = next(v for v in spec.variants if v.name == variant_name)
         launcher = LocalLauncher(spec.launcher)
         deployment = launcher.launch(
@@ -108,8 +144,13 @@ def engines(engine_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         pool.stop()
 
 
-# The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
-from emulator_fixture import emulator, emulator_session  # noqa: E402, F401
+@pytest.fixture
+def no_idle_engines(engines: EnginePool) -> EnginePool:
+    """For a test that starts engines of its own on this machine: the pool's idle engines stopped first (the
+    session holds the engine lock). These tests run after every test that uses the pool, so that nothing
+    starts a pool engine twice (pytest_collection_modifyitems)."""
+    engines.stop()
+    return engines
 
 
 @pytest.fixture(scope="session")
@@ -125,15 +166,21 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    # Prefect waits 30 s for its test server by default; on 2 busy cores it took longer (the whole session's
+    # flow tests then error at set-up).
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield
 
 
 @pytest.fixture(scope="session")
 def demo_campaign(prefect_harness: None, engines: EnginePool) -> dict:
-    """The demo campaign, run once per session through the campaign flow on the real engine (about ten
-    minutes); the tests of the flow, the warehouse, the gate and the analysis all read its results."""
-    engines.stop()  # idle engines would only compete for the two cores
+    """The demo's variants in the tests' campaign (tests/data/specs/campaign.yaml: 6 engine starts and a
+    profiled one), run once per session through the campaign flow on the real engine; the tests of the flow,
+    the warehouse, the gate, the captures, the profile and the analysis read its results."""
+    engines.stop()  # none is up when the campaign's tests run first; idle engines would compete for the cores
     from flows.campaign import campaign
 
-    return campaign(spec="experiments/demo.yaml")
+    return campaign(spec=str(CAMPAIGN_SPEC))

@@ -24,7 +24,7 @@ import httpx
 import polars as pl
 import pytest
 import yaml
-from test_reliability_support import REPO, corpus, ledger_ids, write_spec
+from reliability_support import REPO, corpus, ledger_ids, write_spec
 
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant, parse_spec
@@ -41,7 +41,7 @@ from tasks.load.client import StreamingClient
 from tasks.metrics.prometheus import parse
 from workloads.schema import Prompt, load_corpus
 
-pytest_plugins = ["test_reliability_support"]
+pytest_plugins = ["reliability_support"]
 
 CLI = [sys.executable, "-m", "specgauge.cli"]
 

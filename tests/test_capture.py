@@ -1,6 +1,7 @@
 """Greedy capture: refusals and failed requests without an engine; then, on the real engine, captures of
-the 36-prompt corpus on plain (twice), a second separately launched plain deployment, n-gram and draft-model
-speculation and a deliberately lossy treatment, and the gate's verdicts on them."""
+the 36-prompt corpus on plain (twice), a second separately launched plain deployment, each speculative
+variant (those the session's campaign took) and a deliberately lossy treatment, and the gate's verdicts on
+them."""
 
 from __future__ import annotations
 
@@ -83,17 +84,23 @@ def test_failed_requests_are_kept_with_their_reason(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def real(engines, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Captures of the whole 36-prompt corpus on every deployment the gate needs (engines stay up for the
-    session; the second plain deployment and the lossy one are launched here and torn down at once)."""
+def real(
+    demo_campaign: dict, campaign_spec: Path, engines, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Captures of the whole 36-prompt corpus on every deployment the gate needs. The session's campaign
+    (tests/conftest.py) took them on its plain deployments (plain.r0 twice: the same-deployment control;
+    plain.r1: launched apart, the cross-deployment control) and on each speculative variant's first repeat;
+    added here: a temperature-1 capture on the session's plain engine, and the draft model served as the
+    target (a lossy treatment, launched here and torn down at once)."""
     from tasks.health import wait_ready
     from tasks.launch.local import LocalLauncher
 
-    spec = load_spec(REPO / "experiments" / "demo.yaml")
+    spec = load_spec(campaign_spec)
+    campaign_dir = Path(demo_campaign["directory"])
+    out = {capture.name: capture for capture in (campaign_dir / "captures").iterdir()}
     corpus = load_corpus(CORPUS)
     raw = tmp_path_factory.mktemp("raw") / CAMPAIGN
     greedy = spec.sampling
-    out: dict[str, Path] = {}
 
     def take(deployment: Deployment, capture_id: str, **kwargs) -> None:
         out[capture_id] = capture(
@@ -106,43 +113,45 @@ def real(engines, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             **kwargs,
         )
 
-    def separately(target, variant: Variant, deployment_id: str, capture_id: str) -> None:
-        launcher = LocalLauncher(spec.launcher)
-        deployment = launcher.launch(
-            target, variant, deployment_id=deployment_id, directory=raw.parent / "deployments" / deployment_id
-        )
-        try:
-            wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
-            launcher.collect_facts(deployment)
-            take(deployment, capture_id)
-        finally:
-            launcher.teardown(deployment)
-
-    plain = engines.get("plain")
-    take(plain, "plain.r1")
-    take(plain, "plain.r1.again")
-    take(plain, "plain.r1.t1", sampling=greedy.model_copy(update={"temperature": 1.0}), allow_sampling=True)
-    separately(spec.target, spec.plain, f"{CAMPAIGN}.plain.ctl1", "plain.ctl1")
-    take(engines.get("ngram-k3"), "ngram-k3.r1")
-    take(engines.get("draft-k3"), "draft-k3.r1")
+    take(
+        engines.get("plain"),
+        "plain.t1",
+        sampling=greedy.model_copy(update={"temperature": 1.0}),
+        allow_sampling=True,
+    )
     draft = next(v for v in spec.variants if v.name == "draft-k3").draft_model
-    separately(
+    launcher = LocalLauncher(spec.launcher)
+    deployment_id = f"{CAMPAIGN}.draft-as-target.r0"
+    deployment = launcher.launch(
         spec.target.model_copy(update={"model": draft}),
         Variant(name="draft-as-target"),
-        f"{CAMPAIGN}.draft-as-target.r1",
-        "draft-as-target.r1",
+        deployment_id=deployment_id,
+        directory=raw.parent / "deployments" / deployment_id,
     )
+    try:
+        wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
+        launcher.collect_facts(deployment)
+        take(deployment, "draft-as-target.r0")
+    finally:
+        launcher.teardown(deployment)
     return out
 
 
+def speculative(campaign_spec: Path) -> list[str]:
+    """The capture of each speculative variant's first repeat, as the campaign named it."""
+    return [f"{v.name}.r0" for v in load_spec(campaign_spec).variants if v.speculative]
+
+
 def controls(real: dict[str, Path]) -> list[tuple[Path, Path]]:
-    return [(real["plain.r1"], real["plain.r1.again"]), (real["plain.r1"], real["plain.ctl1"])]
+    return [(real["plain.r0"], real["plain.r0.again"]), (real["plain.r0"], real["plain.r1"])]
 
 
 @pytest.mark.engine
-def test_capture_artifact_on_the_engine(real: dict[str, Path], tmp_path: Path) -> None:
+def test_capture_artifact_on_the_engine(real: dict[str, Path], campaign_spec: Path, tmp_path: Path) -> None:
     corpus = load_corpus(CORPUS)
-    for capture_id in ("plain.r1", "ngram-k3.r1", "draft-k3.r1"):
+    treatments = speculative(campaign_spec)
+    assert treatments  # the campaign has speculative variants
+    for capture_id in ("plain.r0", *treatments):
         loaded = load_capture(real[capture_id])
         assert loaded.prompt_ids == [p.id for p in corpus.prompts]
         assert all(o.ok for o in loaded.outputs), [o.error for o in loaded.outputs if not o.ok]
@@ -152,26 +161,26 @@ def test_capture_artifact_on_the_engine(real: dict[str, Path], tmp_path: Path) -
             assert output.finish_reason in ("stop", "length") and output.text is not None
         assert loaded.meta["sampling"]["temperature"] == 0.0 and loaded.meta["sequential"] is True
         assert loaded.meta["warnings"] == []
-    for capture_id in ("ngram-k3.r1", "draft-k3.r1"):  # drafts were proposed and verified during the capture
+    for capture_id in treatments:  # drafts were proposed and verified during the capture
         speculation = load_capture(real[capture_id]).meta["speculation"]
         assert speculation["draft_tokens"] > 0 and speculation["accepted_tokens"] > 0, speculation
-    assert load_capture(real["plain.r1"]).meta["speculation"] is None
+    assert load_capture(real["plain.r0"]).meta["speculation"] is None
 
     # the warehouse ingests the artifact as written (its captures/capture_outputs tables)
     from warehouse.db import writer
     from warehouse.ingest import ingest_capture
 
     with writer(tmp_path / "warehouse.duckdb") as con:
-        outcome = ingest_capture(con, real["plain.r1"])
+        outcome = ingest_capture(con, real["plain.r0"])
         stored = con.execute("SELECT outputs, outputs_ok FROM captures").fetchall()
     assert outcome.action == "inserted", outcome.message
     assert stored == [(36, 36)]
 
 
 @pytest.mark.engine
-def test_gate_passes_ngram_and_draft_model_speculation(real: dict[str, Path]) -> None:
-    for treatment in ("ngram-k3.r1", "draft-k3.r1"):
-        verdict = gate((real["plain.r1"], real[treatment]), controls(real))
+def test_gate_passes_every_speculative_variant(real: dict[str, Path], campaign_spec: Path) -> None:
+    for treatment in speculative(campaign_spec):
+        verdict = gate((real["plain.r0"], real[treatment]), controls(real))
         assert [kind for _, kind, _ in verdict.controls] == ["same_deployment", "cross_deployment"]
         assert verdict.treatment.overall.n == 36 and verdict.treatment.overall.token_level == 36
         assert verdict.passed, verdict.claim
@@ -180,7 +189,7 @@ def test_gate_passes_ngram_and_draft_model_speculation(real: dict[str, Path]) ->
 
 @pytest.mark.engine
 def test_gate_fails_the_draft_model_served_as_target(real: dict[str, Path]) -> None:
-    verdict = gate((real["plain.r1"], real["draft-as-target.r1"]), controls(real))
+    verdict = gate((real["plain.r0"], real["draft-as-target.r0"]), controls(real))
     assert not verdict.passed and verdict.outcome == "diverged", verdict.claim
     assert verdict.claim.startswith("diverged beyond the control envelope")
     assert not next(c for c in verdict.checks if c.name == "exact_match").passed
@@ -189,6 +198,6 @@ def test_gate_fails_the_draft_model_served_as_target(real: dict[str, Path]) -> N
 @pytest.mark.engine
 def test_temperature_one_capture_cannot_be_compared_with_greedy(real: dict[str, Path]) -> None:
     with pytest.raises(GateRefusal, match=r"sampling\.temperature differs: 0\.0 .* vs 1\.0"):
-        compare(real["plain.r1"], real["plain.r1.t1"])
-    with pytest.raises(GateRefusal):
-        gate((real["plain.r1"], real["plain.r1.t1"]), controls(real))
+        compare(real["plain.r0"], real["plain.t1"])
+    with pytest.raises(GateRefusal, match=r"sampling\.temperature differs"):
+        gate((real["plain.r0"], real["plain.t1"]), controls(real))

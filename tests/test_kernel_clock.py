@@ -78,7 +78,10 @@ def test_stamp_is_the_arrival_not_the_late_read(loop_kind: str) -> None:
             delays.append(at - sent)
         # a stamp taken when the loop read the bytes would be 30 ms or more after the send
         assert max(delays) < 0.01, delays
-        assert min(delays) >= 0.0
+        # The packet arrived after the send began; its kernel stamp, moved to perf_counter, may seem earlier
+        # only by the mapping's measured error (plus the clocks' whole nanoseconds).
+        error = receiver.reader.mapping_error_s
+        assert min(delays) >= -(error + 2e-9), (delays, error)
         assert receiver.unstamped == []
         peer.close()
         assert await asyncio.wait_for(receiver.lost, 5) is None  # the end of stream closes the transport

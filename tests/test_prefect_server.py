@@ -21,7 +21,8 @@ from tasks.launch.local import free_port
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "tests" / "data" / "specs" / "tiny.yaml")
 
-pytestmark = [pytest.mark.server, pytest.mark.engine]
+# A campaign through a worker waits up to 15 minutes for its flow run (the default timeout is 5).
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1200)]
 
 
 def engine_pids(home: Path) -> list[int]:

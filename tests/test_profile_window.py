@@ -1,5 +1,6 @@
-"""Profiled windows end to end: on the embedded engine (launch with the torch profiler, window, artifact,
-warehouse row, chart, teardown), the failure path against a server without a profiler, and the CLI."""
+"""Profiled windows end to end: on the embedded engine (the session's campaign profiles one: launch with the
+torch profiler, window, artifact, warehouse row, chart, teardown), the failure path against a server without
+a profiler, and the CLI."""
 
 from __future__ import annotations
 
@@ -23,24 +24,30 @@ DATA = Path(__file__).parent / "data" / "profile"
 
 
 @pytest.mark.engine
-def test_profile_variant_on_the_embedded_engine(engine_lock: None, tmp_path: Path) -> None:
-    import warehouse.ingest_profile  # noqa: F401  (registers the profile kind)
+def test_profile_variant_on_the_embedded_engine(
+    demo_campaign: dict, campaign_spec: Path, tmp_path: Path
+) -> None:
+    """The window the session's campaign profiled (its `profile:` block; the campaign flow's profile step
+    calls `profile_variant`): launched with the torch profiler, window, artifact, warehouse row, chart,
+    teardown."""
+    from tasks.profile.breakdown import counters_from_metrics
     from tasks.profile.chart import save_chart, waste_chart
-    from tasks.profile.run import profile_variant
     from warehouse.db import reader
-    from warehouse.ingest import ingest_raw
 
-    spec = load_spec(REPO / "experiments" / "demo.yaml")
-    spec = spec.model_copy(update={"sampling": spec.sampling.model_copy(update={"max_tokens": 32})})
-    raw = tmp_path / "raw"
-    result = profile_variant(
-        spec, "draft-k3", plan=WindowPlan(concurrency=2, requests=4, warmup=2), stratum="code", raw_dir=raw
-    )
-    assert result.status == "ok", result.error
-    meta = json.loads((result.path / "meta.json").read_text())
-    breakdown = json.loads((result.path / "breakdown.json").read_text())
-    assert meta["requests"] == {**meta["requests"], "total": 4, "ok": 4, "failed": 0}
-    trace = result.path / meta["trace"]["file"]
+    planned = load_spec(campaign_spec).profile
+    assert planned is not None and planned.variant == "draft-k3"
+    result = demo_campaign["profile"]
+    assert result["status"] == "ok", result["error"]
+    path = Path(result["path"])
+    meta = json.loads((path / "meta.json").read_text())
+    breakdown = json.loads((path / "breakdown.json").read_text())
+    assert meta["requests"] == {
+        **meta["requests"],
+        "total": planned.requests,
+        "ok": planned.requests,
+        "failed": 0,
+    }
+    trace = path / meta["trace"]["file"]
     assert sha256_file(trace) == meta["trace"]["sha256"]
     # the trace's verified drafts are what the server counted in the window, exactly
     assert breakdown["cross_checks"]["draft_tokens"]["rel_diff"] == 0.0
@@ -52,25 +59,29 @@ def test_profile_variant_on_the_embedded_engine(engine_lock: None, tmp_path: Pat
         "other_share"
     ] == pytest.approx(1.0)
     # the trimmed trace (what tests/data/profile keeps) gives the same answer as the full one
+    counters = counters_from_metrics(
+        (path / "metrics_before.txt").read_text(),
+        (path / "metrics_after.txt").read_text(),
+        meta["deployment"]["served_model_name"],
+    )
     trimmed = tmp_path / "trimmed" / trace.name
     trim_trace(trace, trimmed)
-    assert analyze_trace(trimmed, result.breakdown.counters, k=3).to_json() == result.breakdown.to_json()
+    again = analyze_trace(trimmed, counters, k=meta["variant"]["k"]).to_json()
+    assert json.loads(json.dumps(again, default=str)) == breakdown  # as tasks.artifacts.write_json wrote it
 
     # the deployment is gone, and recorded as stopped
-    (deployment_dir,) = (raw / meta["campaign_id"] / "deployments").iterdir()
+    deployment_dir = path.parents[1] / "deployments" / meta["deployment_id"]
     deployment = json.loads((deployment_dir / "deployment.json").read_text())
     assert deployment["status"] == "stopped" and not psutil.pid_exists(deployment["pid"])
     assert "--profiler-config" in deployment["command"]
 
-    # one warehouse row, the same figures as breakdown.json
-    db = tmp_path / "w.duckdb"
-    report = ingest_raw(raw, db)
-    assert report.counts().get("profile", {}).get("inserted") == 1, report.as_dict()
-    with reader(db) as con:
+    # one warehouse row (the campaign flow ingested it), the same figures as breakdown.json
+    with reader() as con:
         rows = con.execute(
             "SELECT profile_id, variant, k, load_label, wasted_share, wasted_share_of_added, drafting_share, "
             "verification_share, rejection_share, other_share, wasted_drafting_share, "
-            "wasted_verification_share, cross_check_ok FROM v_profile_waste"
+            "wasted_verification_share, cross_check_ok FROM v_profile_waste WHERE campaign_id = ?",
+            [demo_campaign["campaign_id"]],
         ).fetchall()
     assert len(rows) == 1
     row = dict(
@@ -82,7 +93,14 @@ def test_profile_variant_on_the_embedded_engine(engine_lock: None, tmp_path: Pat
             strict=True,
         )
     )  # fmt: skip
-    assert (row["variant"], row["k"], row["load_label"], row["cross_check_ok"]) == ("draft-k3", 3, "c2", True)
+    label = f"c{planned.concurrency}"
+    assert (row["variant"], row["k"], row["load_label"], row["cross_check_ok"]) == (
+        "draft-k3",
+        3,
+        label,
+        True,
+    )
+    assert row["window"] == meta["profile_id"]
     assert row["wasted_share"] == pytest.approx(shares["wasted_share"])
     html, png = save_chart(waste_chart([row]), tmp_path / "waste")
     text = html.read_text()

@@ -1,5 +1,5 @@
 """Faults injected into real campaigns: the campaign flow on a real Prefect API, the local launcher
-starting a stand-in engine (the emulator, tests/test_reliability_support.py) in its own process group.
+starting a stand-in engine (the emulator, tests/reliability_support.py) in its own process group.
 
 Each test injects one fault and checks what should happen (a retry where the fault is transient, the
 failure recorded with its reason, teardown, resume) and the end state: raw artifacts whole (no temporary
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
-from test_reliability_support import (
+from reliability_support import (
     REPO,
     Hooks,
     attempts,
@@ -54,7 +54,7 @@ from tasks.launch.base import Deployment
 from workloads.schema import load_corpus
 
 # fixtures: standin, standin_engine, prefect_api, observe (home comes from conftest)
-pytest_plugins = ["test_reliability_support"]
+pytest_plugins = ["reliability_support"]
 
 
 def run_campaign(spec_path: Path, hooks: Hooks | None = None, **options: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Cluster faults on the real single-node SLURM and sshd (tests/services): the SLURM launcher over SSH runs
-the stand-in engine (tests/test_reliability_support.py) as a batch job, reached through an SSH tunnel.
+the stand-in engine (tests/reliability_support.py) as a batch job, reached through an SSH tunnel.
 
 - the SSH connection dropped in the middle of a cell (the sshd process serving it killed, as in an outage);
 - the job cancelled from outside (`scancel` by hand) while the health gate waits, and while a cell runs:
@@ -18,8 +18,8 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
+from reliability_support import corpus, ledger_ids
 from stand_ins.cluster import ensure_services, live_job_ids, ssh_config
-from test_reliability_support import corpus, ledger_ids
 
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant
@@ -32,7 +32,7 @@ from tasks.launch.slurm import ClusterConfig, SlurmLauncher
 from tasks.launch.ssh import SSHError
 from workloads.schema import load_corpus
 
-pytest_plugins = ["test_reliability_support"]
+pytest_plugins = ["reliability_support"]
 pytestmark = pytest.mark.slurm
 
 TARGET = TargetSpec(model="models/tiny-target", served_model_name="tiny")

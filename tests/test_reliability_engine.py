@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_reliability_support import (
+from reliability_support import (
     Hooks,
     attempts,
     incomplete_attempts,
@@ -34,8 +34,9 @@ from specgauge import progress
 from specgauge.settings import get_settings
 from tasks import campaign as campaign_state
 
-pytest_plugins = ["test_reliability_support"]
-pytestmark = [pytest.mark.engine, pytest.mark.server]
+pytest_plugins = ["reliability_support"]
+# Two engine starts and a killed cell within the test: minutes on 2 cores (the default is 5).
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.timeout(1200)]
 
 SPEC = {
     "name": "rel-engine-kill",
@@ -50,9 +51,8 @@ SPEC = {
 
 
 def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
-    prefect_api, engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe
+    prefect_api, no_idle_engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe
 ) -> None:
-    engines.stop()  # one engine at a time on this machine (this session holds the engine lock)
     monkeypatch.setenv("SPECGAUGE_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()
     assert get_settings().engine_python.name == "python"  # the real engine

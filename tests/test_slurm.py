@@ -155,6 +155,7 @@ def no_leftover_jobs(cluster_services: None) -> Iterator[None]:
 
 @pytest.mark.slurm
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # an engine start (ready timeout 600 s) and a cell
 def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
     engine_lock: None, no_leftover_jobs: None, tmp_path: Path
 ) -> None:
@@ -202,6 +203,7 @@ def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
 
 @pytest.mark.slurm
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # should end in seconds; a gate that waits its 600 s fails on its own message
 def test_a_dying_engine_ends_the_gate_at_once_with_its_log(
     engine_lock: None, no_leftover_jobs: None, tmp_path: Path
 ) -> None:

@@ -144,6 +144,7 @@ def sml_launcher(
 
 @pytest.mark.slurm
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # an engine start (ready timeout 600 s)
 def test_current_sml_serves_the_engine_gated_through_the_tunnel(
     engine_lock: None, no_leftover_jobs: None, tmp_path: Path
 ) -> None:

@@ -149,3 +149,21 @@ def test_the_warehouse_knows_every_method_the_spec_does() -> None:
     from warehouse.models import METHODS
 
     assert sorted(METHODS) == sorted(get_args(SpecMethod))
+
+
+def test_the_tests_campaign_is_the_demo_cut_down() -> None:
+    """tests/data/specs/campaign.yaml (the engine tests' campaign) measures the demo's deployments: its
+    target, launcher, sampling and variants are the demo's, each variant defined exactly as there; it runs
+    less (strata, requests), never something else."""
+    demo_spec = load_spec(REPO / "experiments" / "demo.yaml")
+    tests_spec = load_spec(REPO / "tests" / "data" / "specs" / "campaign.yaml")
+    assert tests_spec.target == demo_spec.target
+    assert tests_spec.launcher == demo_spec.launcher and tests_spec.sampling == demo_spec.sampling
+    demo_variants = {v.name: v for v in demo_spec.variants}
+    assert all(v == demo_variants.get(v.name) for v in tests_spec.variants)
+    assert {v.method for v in tests_spec.variants} >= {"none", "ngram", "draft_model"}
+    assert tests_spec.repeats == demo_spec.repeats == 2  # intervals; plain.r1 is the gate's control
+    assert tests_spec.capture == demo_spec.capture and tests_spec.profile == demo_spec.profile
+    (workload,) = tests_spec.workloads
+    assert {"code", "summarization"} <= set(workload.strata or ())  # the acceptance floors' strata
+    assert len(tests_spec.load.concurrencies) >= 2  # crossover and capacity need two loads

@@ -10,6 +10,10 @@ reading is paused, and a duplicate of the socket's descriptor is read here. Wher
 (TLS, another OS, no socket), `attach` returns None and the caller stamps in `data_received` as before.
 The switch happens in a callback right after connection_made (uvloop starts a transport's reading when
 connection_made returns, whatever it asked); bytes read before it still come through `data_received`.
+
+The kernel stamps on CLOCK_REALTIME; a stamp is moved to the perf_counter clock by its age on the wall clock,
+read between two perf_counter reads: the age is subtracted from their midpoint, so the mapping is off by at
+most half the time between them (`mapping_error_s`: up to about 1 us, docs/performance.md "Timestamps").
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ _ANCILLARY_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _READ_SIZE = 64 * 1024
 _perf_counter = time.perf_counter
 _time_ns = time.time_ns
+_WIDE_BRACKET_S = 2e-6  # perf_counter, time_ns, perf_counter: well under 1 us unless preempted between
 
 
 class StampedReader:
@@ -47,6 +52,9 @@ class StampedReader:
         self.on_data = on_data
         self.closed = False
         self.reading = False
+        # The largest error of any read's mapping from the kernel's clock to perf_counter, in seconds: half
+        # the time between the perf_counter reads that bracketed its wall-clock read.
+        self.mapping_error_s = 0.0
         loop.call_soon(self._start)
 
     @classmethod
@@ -96,9 +104,21 @@ class StampedReader:
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
                     seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
-                    waited = (_time_ns() - (seconds * 1_000_000_000 + nanoseconds)) * 1e-9
+                    before = _perf_counter()
+                    wall_ns = _time_ns()
+                    after = _perf_counter()
+                    if after - before > _WIDE_BRACKET_S:  # preempted between the reads: try once more
+                        again = _perf_counter()
+                        wall_again = _time_ns()
+                        after_again = _perf_counter()
+                        if after_again - again < after - before:
+                            before, wall_ns, after = again, wall_again, after_again
+                    waited = (wall_ns - (seconds * 1_000_000_000 + nanoseconds)) * 1e-9
                     if 0.0 < waited < 60.0:  # outside that, a clock step: keep the loop's own time
-                        arrived = now - waited
+                        arrived = (before + after) * 0.5 - waited
+                        error = (after - before) * 0.5
+                        if error > self.mapping_error_s:
+                            self.mapping_error_s = error
             self.on_data(data, arrived)
             if len(data) < _READ_SIZE:
                 return  # drained: the next byte wakes the loop again

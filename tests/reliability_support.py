@@ -8,12 +8,12 @@
   can change what the next launch does) and from SPECGAUGE_STANDIN_ARGS.
 - `observe`: records what each test did and saw as one JSON line in the observations file
   (SPECGAUGE_RELIABILITY_OBSERVATIONS, default `<pytest basetemp>/reliability-observations.jsonl`);
-  `python tests/test_reliability_support.py OBSERVATIONS [JUNIT_XML ...]` renders docs/reliability.md from it.
+  `python tests/reliability_support.py OBSERVATIONS [JUNIT_XML ...]` renders docs/reliability.md from it.
 - the checks every fault ends with: no process left in an engine's group, nothing left in the ledger,
   no temporary (half-written) artifact, every cell attempt complete, the warehouse consistent with the raw
   tree, and how many request records were planned but not persisted.
 
-This file holds no tests; pytest collects it and finds none.
+Not a test module (no `test_` prefix): pytest does not collect it; test modules load it with `pytest_plugins`.
 """
 
 from __future__ import annotations
@@ -465,6 +465,6 @@ def render(observations: list[dict[str, Any]], junits: list[Path] | None = None)
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python tests/test_reliability_support.py OBSERVATIONS.jsonl [JUNIT.xml ...]
+if __name__ == "__main__":  # python tests/reliability_support.py OBSERVATIONS.jsonl [JUNIT.xml ...]
     entries = [json.loads(line) for line in Path(sys.argv[1]).read_text().splitlines() if line.strip()]
     print(render(entries, [Path(a) for a in sys.argv[2:]]), end="")
