@@ -8,7 +8,8 @@ import time
 import httpx
 
 from specgauge.errors import EngineDied, HealthGateTimeout
-from tasks.launch.base import Deployment, Launcher
+from tasks.launch.base import Deployment
+from tasks.launch.protocol import Launcher
 
 
 def _check(client: httpx.Client, deployment: Deployment) -> str | None:
