@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import ValidationError
 
-from experiments.spec import ClusterLaunchSpec, ExperimentSpec
+from experiments.spec import ClusterLaunchSpec, ExperimentSpec, Variant
 from specgauge.errors import EngineDied, InputError, LaunchError
 from specgauge.provenance import utc_now, utc_stamp
 from tasks.launch import ledger
@@ -148,6 +148,7 @@ class ClusterJobLauncher:
     """One SLURM job per deployment. Configs come from the flow (blocks read) or directly (tests)."""
 
     kind: ClassVar[str]
+    spec_class: ClassVar[type[ClusterLaunchSpec]]  # the spec section of this kind (its defaults: no spec)
     job_label: ClassVar[str] = "job"  # how messages name the job
     engine_label: ClassVar[str] = "engine"  # what must have started before the job counts as up
     address_key: ClassVar[str] = "node_address"  # deployment.extra key of the engine's address
@@ -155,12 +156,12 @@ class ClusterJobLauncher:
 
     def __init__(
         self,
-        spec: ClusterLaunchSpec,
+        spec: ClusterLaunchSpec | None = None,
         *,
         cluster: ClusterConfig | None = None,
         ssh: SSHConfig | None = None,
     ) -> None:
-        self.spec = spec
+        self.spec = spec or self.spec_class()
         self.cluster = resolve_cluster(self.spec, cluster)
         self.ssh = resolve_ssh(self.spec, self.cluster, ssh)
         self._shell: Shell | None = None
@@ -187,6 +188,10 @@ class ClusterJobLauncher:
 
     def _ledger_facts(self) -> dict[str, Any]:
         return {"remote": self.ssh.describe() if self.ssh else None, "cluster": self.cluster.name}
+
+    def _record(self, deployment_id: str, job_id: str, **facts: Any) -> None:
+        """The job in the ledger, with how to reach its cluster again, before anything waits on it."""
+        ledger.record(deployment_id, self.kind, job_id=job_id, **facts, **self._ledger_facts())
 
     def _new_run_dir(self, deployment_id: str, directory: Path) -> tuple[str, str]:
         """(remote root, a fresh run directory under it), both created; the local directory too."""
@@ -236,6 +241,35 @@ class ClusterJobLauncher:
     def _died_tail(self, deployment: Deployment) -> str:
         """The log tail an EngineDied carries when the job ends before its engine started."""
         return self._remote_tail(deployment.extra["remote_log"])
+
+    def _follow(
+        self,
+        *,
+        deployment_id: str,
+        directory: Path,
+        variant: Variant,
+        served_model_name: str,
+        command: list[str],
+        job_id: str,
+        extra: dict[str, Any],
+    ) -> Deployment:
+        """The deployment of a submitted job, on disk before any waiting; then its engine exposed."""
+        deployment = Deployment(
+            id=deployment_id,
+            launcher=self.kind,
+            variant=variant,
+            served_model_name=served_model_name,
+            base_url="",
+            metrics_url="",
+            directory=directory,
+            command=command,
+            started_at=utc_now(),
+            job_id=job_id,
+            extra={**extra, "ssh": self._ledger_facts()["remote"]},
+        )
+        deployment.save()  # the job id is on disk before any waiting
+        self._expose(deployment)
+        return deployment
 
     def _expose(self, deployment: Deployment) -> None:
         """Wait for the engine's address and open the way to it; on any failure tear down, then raise."""

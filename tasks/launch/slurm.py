@@ -16,12 +16,10 @@ from typing import Any
 
 from experiments.spec import SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError
-from specgauge.provenance import utc_now
-from tasks.launch import ledger
 from tasks.launch.base import Deployment, tail
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import served_name, vllm_args
-from tasks.launch.config import SAFE_NAME, ClusterConfig, SSHConfig
+from tasks.launch.config import SAFE_NAME
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, submit
 from tasks.launch.slurm_script import render_prefix, render_script
@@ -52,15 +50,7 @@ class SlurmLauncher(ClusterJobLauncher):
     """Launch each deployment as a SLURM batch job."""
 
     kind = "slurm"
-
-    def __init__(
-        self,
-        spec: SlurmLaunchSpec | None = None,
-        *,
-        cluster: ClusterConfig | None = None,
-        ssh: SSHConfig | None = None,
-    ) -> None:
-        super().__init__(spec or SlurmLaunchSpec(), cluster=cluster, ssh=ssh)
+    spec_class = SlurmLaunchSpec
 
     def engine_command(self, target: TargetSpec, variant: Variant) -> list[str]:
         args = vllm_args(
@@ -117,37 +107,16 @@ class SlurmLauncher(ClusterJobLauncher):
         (directory / "job.sbatch").write_text(script)
 
         job_id = submit(shell, script_path, cwd=run_dir)
-        ledger.record(
-            deployment_id,
-            self.kind,
-            job_id=job_id,
-            job_name=job_name,
-            run_dir=run_dir,
-            directory=str(directory),
-            **self._ledger_facts(),
-        )
-        log_path = f"{run_dir}/log-{job_id}.out"
-        deployment = Deployment(
-            id=deployment_id,
-            launcher=self.kind,
+        self._record(deployment_id, job_id, job_name=job_name, run_dir=run_dir, directory=str(directory))
+        return self._follow(
+            deployment_id=deployment_id,
+            directory=directory,
             variant=variant,
             served_model_name=served_name(target, variant),
-            base_url="",
-            metrics_url="",
-            directory=directory,
             command=command,
-            started_at=utc_now(),
             job_id=job_id,
-            extra={
-                **extra,
-                "remote_log": log_path,
-                "script": script_path,
-                "ssh": self._ledger_facts()["remote"],
-            },
+            extra={**extra, "remote_log": f"{run_dir}/log-{job_id}.out", "script": script_path},
         )
-        deployment.save()  # the job id is on disk before any waiting
-        self._expose(deployment)
-        return deployment
 
     def _engine_address(self, deployment: Deployment, state: JobState) -> str | None:
         assert deployment.job_id is not None

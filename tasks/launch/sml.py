@@ -20,12 +20,10 @@ from typing import Any, Literal
 
 from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
-from specgauge.provenance import utc_now
-from tasks.launch import ledger
 from tasks.launch.base import Deployment
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import vllm_args
-from tasks.launch.config import ClusterConfig, SSHConfig
+from tasks.launch.config import ClusterConfig
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, job_state
 from tasks.launch.ssh import SSHError, quote
@@ -187,19 +185,11 @@ class SmlLauncher(ClusterJobLauncher):
     """Launch through `sml advanced`; status and cancel through squeue/scancel (sml has neither)."""
 
     kind = "sml"
+    spec_class = SmlLaunchSpec
     job_label = "sml job"
     engine_label = "replica"
     address_key = "head_ip"
     facts_log_key = "engine_log"  # the engine's own output; log.out is sml's
-
-    def __init__(
-        self,
-        spec: SmlLaunchSpec | None = None,
-        *,
-        cluster: ClusterConfig | None = None,
-        ssh: SSHConfig | None = None,
-    ) -> None:
-        super().__init__(spec or SmlLaunchSpec(), cluster=cluster, ssh=ssh)
 
     @property
     def generation(self) -> Generation:
@@ -270,32 +260,26 @@ class SmlLauncher(ClusterJobLauncher):
             )
         job_id, printed_name, logs = parse_submission(result.stdout)
         log_dir = self._expand_log_dir(logs, job_id)
-        ledger.record(deployment_id, self.kind, job_id=job_id, **self._ledger_facts())  # before anything else
+        self._record(deployment_id, job_id)  # before anything else
         try:  # the name sml gave the job: the reaper cancels only a job still of that name
             job_name = job_state(shell, job_id).name
         except SSHError:
             job_name = None
-        ledger.record(
+        self._record(
             deployment_id,
-            self.kind,
-            job_id=job_id,
+            job_id,
             job_name=job_name,
             run_dir=run_dir,
             log_dir=log_dir,
             directory=str(directory),
             sml_flags=self.generation,
-            **self._ledger_facts(),
         )
-        deployment = Deployment(
-            id=deployment_id,
-            launcher=self.kind,
+        return self._follow(
+            deployment_id=deployment_id,
+            directory=directory,
             variant=variant,
             served_model_name=printed_name or served,
-            base_url="",
-            metrics_url="",
-            directory=directory,
             command=words,
-            started_at=utc_now(),
             job_id=job_id,
             extra={
                 **extra,
@@ -303,12 +287,8 @@ class SmlLauncher(ClusterJobLauncher):
                 "log_dir": log_dir,
                 "remote_log": f"{log_dir}/log.out",
                 "engine_log": f"{log_dir}/replica_0.out",
-                "ssh": self._ledger_facts()["remote"],
             },
         )
-        deployment.save()  # the job id is on disk before any waiting
-        self._expose(deployment)
-        return deployment
 
     def _engine_address(self, deployment: Deployment, state: JobState) -> str | None:
         return head_ip(self._read(deployment.extra["remote_log"]))
