@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-if TYPE_CHECKING:
-    from tasks.launch.ssh import SSHConfig
+from tasks.launch.config import SSHConfig
 
 
 class ClusterSSHBlock(Block):
@@ -36,8 +35,6 @@ class ClusterSSHBlock(Block):
 
     def to_config(self, name: str | None = None) -> SSHConfig:
         """The plain configuration the launchers take (no Prefect needed past this point)."""
-        from tasks.launch.ssh import SSHConfig
-
         return SSHConfig(
             host=self.host,
             port=self.port,

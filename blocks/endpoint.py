@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-if TYPE_CHECKING:
-    from tasks.launch.endpoint import EndpointConfig
+from tasks.launch.config import EndpointConfig
 
 
 class EndpointBlock(Block):
@@ -29,8 +26,6 @@ class EndpointBlock(Block):
     )
 
     def to_config(self) -> EndpointConfig:
-        from tasks.launch.endpoint import EndpointConfig
-
         return EndpointConfig(
             base_url=self.base_url,
             api_key=self.api_key,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field
 
-if TYPE_CHECKING:
-    from tasks.launch.slurm import ClusterConfig
+from tasks.launch.config import ClusterConfig
 
 
 class SlurmClusterBlock(Block):
@@ -65,8 +64,6 @@ class SlurmClusterBlock(Block):
 
     def to_config(self) -> ClusterConfig:
         """The plain configuration the launchers take (validated: bad values name their field)."""
-        from tasks.launch.slurm import ClusterConfig
-
         data = self.model_dump(include=set(ClusterConfig.model_fields))
         data["name"] = getattr(self, "_block_document_name", None) or "cluster"
         return ClusterConfig.model_validate(data)

@@ -237,7 +237,7 @@ class SLO(Strict):
     tpot_p99_s: float = Field(default=0.2, gt=0)
 
 
-class LocalLauncher(Strict):
+class LocalLaunchSpec(Strict):
     kind: Literal["local"] = "local"
     host: str = "127.0.0.1"
     kv_cache_gib: float = Field(default=1.0, gt=0)
@@ -251,7 +251,7 @@ class LocalLauncher(Strict):
     )
 
 
-class EndpointLauncher(Strict):
+class EndpointLaunchSpec(Strict):
     """An already running server: nothing is launched or torn down."""
 
     kind: Literal["endpoint"] = "endpoint"
@@ -262,7 +262,7 @@ class EndpointLauncher(Strict):
     ready_timeout_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
-    def where(self) -> EndpointLauncher:
+    def where(self) -> EndpointLaunchSpec:
         if not self.block and not self.base_url:
             raise ValueError("endpoint launcher needs block or base_url")
         return self
@@ -272,7 +272,7 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 _SLURM_MEMORY = re.compile(r"^\d+[KMGT]?$")
 
 
-class _ClusterLauncher(Strict):
+class ClusterLaunchSpec(Strict):
     """Settings shared by the SLURM and `sml` launchers. Each field left out comes from the cluster block
     (`cluster`: a SlurmClusterBlock name); see docs/cluster.md."""
 
@@ -305,7 +305,7 @@ class _ClusterLauncher(Strict):
         return value
 
 
-class SlurmLauncher(_ClusterLauncher):
+class SlurmLaunchSpec(ClusterLaunchSpec):
     """One SLURM batch job per deployment (sbatch over SSH, or on the login node)."""
 
     kind: Literal["slurm"] = "slurm"
@@ -328,7 +328,7 @@ class SlurmLauncher(_ClusterLauncher):
         return value
 
 
-class SmlLauncher(_ClusterLauncher):
+class SmlLaunchSpec(ClusterLaunchSpec):
     """A deployment launched through `sml advanced` (swiss-ai/model-launch) on the cluster."""
 
     kind: Literal["sml"] = "sml"
@@ -346,8 +346,8 @@ class SmlLauncher(_ClusterLauncher):
         return None if value is None else _safe_name(value, "served_org")
 
 
-LauncherSpec = Annotated[
-    LocalLauncher | EndpointLauncher | SlurmLauncher | SmlLauncher, Field(discriminator="kind")
+LaunchSpec = Annotated[
+    LocalLaunchSpec | EndpointLaunchSpec | SlurmLaunchSpec | SmlLaunchSpec, Field(discriminator="kind")
 ]
 
 
@@ -362,7 +362,7 @@ class ExperimentSpec(Strict):
     repeats: int = Field(default=1, gt=0, description="Independently launched deployments per variant.")
     capture: CaptureSpec = CaptureSpec()
     slo: SLO = SLO()
-    launcher: LauncherSpec = LocalLauncher()
+    launcher: LaunchSpec = LocalLaunchSpec()
     profile: ProfileSpec | None = Field(
         default=None, description="Profile one window of a speculative variant."
     )

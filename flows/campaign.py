@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from blocks import SavedBlocks, resolve_launcher_config  # noqa: E402
 from experiments.plan import CampaignPlan, DeploymentPlan, plan_campaign, resolve_repo_path  # noqa: E402
 from experiments.spec import ExperimentSpec, load_spec  # noqa: E402
 from flows.retry import is_transient  # noqa: E402
@@ -28,15 +29,15 @@ from specgauge.provenance import utc_now  # noqa: E402
 from tasks import campaign as state  # noqa: E402
 from tasks.cell import CellOutcome, run_cell  # noqa: E402
 from tasks.health import wait_ready  # noqa: E402
-from tasks.launch import check_launchable, launcher_for, reap_leftovers  # noqa: E402
-from tasks.launch.base import Deployment, Launcher  # noqa: E402
+from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftovers  # noqa: E402
+from tasks.launch.base import Deployment  # noqa: E402
 
 MAX_LAUNCHES_PER_SLOT = 3  # a deployment that keeps dying is recorded as failed, the campaign goes on
 
 
 @task(name="reap-leftovers", cache_policy=NO_CACHE)
 def reap_task() -> list[dict[str, Any]]:
-    done = reap_leftovers()
+    done = reap_leftovers(saved=SavedBlocks())
     if done:
         get_run_logger().warning(
             "stopped deployments a crashed run left: %s",
@@ -62,9 +63,7 @@ def launch_and_gate(
     )
     try:
         waited = wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
-        collect = getattr(launcher, "collect_facts", None)
-        if collect is not None:
-            collect(deployment)
+        launcher.collect_facts(deployment)
         deployment.save()
     except BaseException:
         launcher.teardown(deployment)
@@ -148,7 +147,7 @@ def deployment_flow(spec_path: str, label: str | None, slot_id: str) -> dict[str
     plan = plan_campaign(spec, label)
     slot = next(d for d in plan.deployments if d.deployment_id == slot_id)
     directory = state.campaign_dir(plan.campaign_id)
-    launcher = launcher_for(spec)
+    launcher = launcher_for(spec, resolve_launcher_config(spec.launcher))
     logger = get_run_logger()
     reporter = progress.current()
     outcome: dict[str, Any] = {"slot": slot.deployment_id, "cells": {}, "captures": [], "launches": []}
@@ -204,7 +203,7 @@ def _reap_on_exit(flow, flow_run, state) -> None:
         prefix = plan_campaign(experiment, parameters.get("label")).campaign_id + "."
     except Exception:  # a spec that cannot be read any more: stop everything this process left
         prefix = ""
-    reap_leftovers(include_own=True, id_prefix=prefix)
+    reap_leftovers(include_own=True, id_prefix=prefix, saved=SavedBlocks())
 
 
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)

@@ -13,12 +13,13 @@ from typing import Any  # noqa: E402
 
 from prefect import flow, get_run_logger  # noqa: E402
 
+from blocks import resolve_launcher_config  # noqa: E402
 from experiments.plan import CellPlan, resolve_repo_path  # noqa: E402
-from experiments.spec import SLO, EndpointLauncher, LoadSpec, Sampling, TargetSpec, Variant  # noqa: E402
+from experiments.spec import SLO, EndpointLaunchSpec, LoadSpec, Sampling, TargetSpec, Variant  # noqa: E402
 from tasks import campaign as state  # noqa: E402
 from tasks.cell import run_cell  # noqa: E402
 from tasks.health import wait_ready  # noqa: E402
-from tasks.launch.endpoint import EndpointLauncher as Endpoint  # noqa: E402
+from tasks.launch.endpoint import EndpointLauncher  # noqa: E402
 from workloads.schema import load_corpus  # noqa: E402
 
 
@@ -40,7 +41,8 @@ def cell(
     """Measure one cell (closed loop at `concurrency`, or open loop at `rate` requests/s) on an endpoint
     given by `base_url` or by an EndpointBlock named `block` (which also carries its API key)."""
     corpus = load_corpus(resolve_repo_path(workload))
-    launcher = Endpoint(EndpointLauncher(base_url=base_url, block=block))
+    launch = EndpointLaunchSpec(base_url=base_url, block=block)
+    launcher = EndpointLauncher.from_spec(launch, resolve_launcher_config(launch))
     directory = state.campaign_dir(campaign_id)
     deployment_id = state.next_launch_id(directory, f"{campaign_id}.{variant}")
     deployment = launcher.launch(

@@ -50,9 +50,10 @@ def workloads_validate(
 @app.command("reap")
 def reap() -> None:
     """Stop deployments that a crashed or killed run left behind (from the deployment ledger)."""
+    from blocks import SavedBlocks
     from tasks.launch import reap_leftovers
 
-    done = reap_leftovers()
+    done = reap_leftovers(saved=SavedBlocks())
     for entry in done:
         console.print(f"{entry['id']} ({entry['launcher']}): {entry['outcome']}", markup=False)
     if not done:

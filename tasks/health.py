@@ -9,7 +9,8 @@ import time
 import httpx
 
 from specgauge.errors import EngineDied, HealthGateTimeout
-from tasks.launch.base import Deployment, Launcher
+from tasks.launch.base import Deployment
+from tasks.launch.protocol import Launcher
 
 # Start-up deaths that trying again cannot cure: the engine could not build or load its model or drafter
 # from what it was given (a missing or wrong path, a checkpoint whose tensors do not fit, an unknown

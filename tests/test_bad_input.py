@@ -27,15 +27,15 @@ import yaml
 from reliability_support import REPO, corpus, ledger_ids, write_spec
 
 from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant, parse_spec
-from experiments.spec import SmlLauncher as SmlSpec
+from experiments.spec import SLO, LoadSpec, Sampling, SmlLaunchSpec, TargetSpec, Variant, parse_spec
 from specgauge.errors import HealthGateTimeout, InputError, MetricsError, SpecError
 from tasks.cell import prompt_fit_problems, run_cell
 from tasks.health import wait_ready
 from tasks.launch.command import vllm_args
-from tasks.launch.endpoint import EndpointConfig, EndpointLauncher
+from tasks.launch.config import ClusterConfig, EndpointConfig
+from tasks.launch.endpoint import EndpointLauncher
 from tasks.launch.local import LocalLauncher
-from tasks.launch.slurm import ClusterConfig, render_script
+from tasks.launch.slurm_script import render_script
 from tasks.launch.sml import SmlLauncher, framework_args
 from tasks.load.client import StreamingClient
 from tasks.metrics.prometheus import parse
@@ -344,7 +344,7 @@ def test_names_with_shell_metacharacters_are_refused_and_values_quoted(tmp_path:
     toml = tmp_path / "env.toml"
     toml.write_text('image = "/images/vllm.sqsh"\n')
     sml = SmlLauncher(
-        SmlSpec(environment_toml=str(toml)),
+        SmlLaunchSpec(environment_toml=str(toml)),
         cluster=ClusterConfig(sml_path=str(fake_sml), remote_dir=str(tmp_path / "sml-home")),
     )
     with pytest.raises(Exception, match=r"sml advanced failed \(exit 3\)"):

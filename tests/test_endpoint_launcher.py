@@ -11,12 +11,12 @@ import pytest
 from pydantic import SecretStr
 from stand_ins.gateway import Gateway
 
-from experiments.spec import EndpointLauncher as EndpointSpec
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import EndpointLaunchSpec, TargetSpec, Variant
 from specgauge.errors import HealthGateTimeout, InputError
 from tasks.health import wait_ready
 from tasks.launch import ledger
-from tasks.launch.endpoint import EndpointConfig, EndpointLauncher, resolve_endpoint
+from tasks.launch.config import EndpointConfig
+from tasks.launch.endpoint import EndpointLauncher, resolve_endpoint
 
 TARGET = TargetSpec(model="models/tiny-target", served_model_name="tiny")
 PLAIN = Variant(name="plain")
@@ -24,11 +24,15 @@ PLAIN = Variant(name="plain")
 
 def test_settings_come_from_the_block_and_the_spec_overrides_them() -> None:
     block = EndpointConfig(base_url="https://api.example.org/v1/", api_key=SecretStr("block-key"))
-    merged = resolve_endpoint(EndpointSpec(block="shared", metrics_url="http://10.0.0.5:8080/metrics"), block)
+    merged = resolve_endpoint(
+        EndpointLaunchSpec(block="shared", metrics_url="http://10.0.0.5:8080/metrics"), block
+    )
     assert merged.base_url == "https://api.example.org"  # /v1 is added by the callers
     assert merged.api_key is not None and merged.api_key.get_secret_value() == "block-key"
     assert merged.metrics_url == "http://10.0.0.5:8080/metrics"
-    spec_key = resolve_endpoint(EndpointSpec(base_url="http://h:1", api_key=SecretStr("spec-key")), block)
+    spec_key = resolve_endpoint(
+        EndpointLaunchSpec(base_url="http://h:1", api_key=SecretStr("spec-key")), block
+    )
     assert spec_key.base_url == "http://h:1" and spec_key.api_key.get_secret_value() == "spec-key"  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="must start with http"):
         EndpointConfig(base_url="api.example.org")

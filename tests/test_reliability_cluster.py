@@ -22,13 +22,13 @@ from reliability_support import corpus, ledger_ids
 from stand_ins.cluster import ensure_services, live_job_ids, ssh_config
 
 from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant
-from experiments.spec import SlurmLauncher as SlurmSpec
+from experiments.spec import SLO, LoadSpec, Sampling, SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import EngineDied
 from tasks.cell import run_cell
 from tasks.health import wait_ready
+from tasks.launch.config import ClusterConfig
 from tasks.launch.local import free_port
-from tasks.launch.slurm import ClusterConfig, SlurmLauncher
+from tasks.launch.slurm import SlurmLauncher
 from tasks.launch.ssh import SSHError
 from workloads.schema import load_corpus
 
@@ -64,7 +64,7 @@ def launcher(tmp_path: Path, standin: Path, standin_args: str = "") -> SlurmLaun
         poll_s=0.5,
         cancel_wait_s=30,
     )
-    return SlurmLauncher(SlurmSpec(), cluster=cluster, ssh=ssh_config())
+    return SlurmLauncher(SlurmLaunchSpec(), cluster=cluster, ssh=ssh_config())
 
 
 def standin_processes(standin: Path) -> list[int]:

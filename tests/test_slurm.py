@@ -15,22 +15,17 @@ import yaml
 from stand_ins.cluster import ENGINE_PYTHON, REPO, ensure_services, live_job_ids, ssh_config
 
 from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant, parse_spec
-from experiments.spec import SlurmLauncher as SlurmSpec
+from experiments.spec import SLO, LoadSpec, Sampling, SlurmLaunchSpec, TargetSpec, Variant, parse_spec
 from specgauge.errors import EngineDied, InputError, SpecError
 from specgauge.provenance import sha256_file
 from tasks.health import wait_ready
 from tasks.launch import deployed, ledger, reap_leftovers
+from tasks.launch.cluster import resolve_cluster
+from tasks.launch.config import ClusterConfig
 from tasks.launch.local import free_port
 from tasks.launch.overlay import build_overlay
-from tasks.launch.slurm import (
-    ClusterConfig,
-    SlurmLauncher,
-    add_mounts,
-    render_prefix,
-    render_script,
-    resolve_cluster,
-)
+from tasks.launch.slurm import SlurmLauncher
+from tasks.launch.slurm_script import add_mounts, render_prefix, render_script
 
 SLEEPER = "bash -c 'exec sleep 600' sleeper"  # a job that runs until cancelled, ignoring the engine's args
 ENGINE = f"{ENGINE_PYTHON} -m vllm.entrypoints.openai.api_server"
@@ -91,7 +86,7 @@ def test_cluster_settings_are_validated(field: str, value: object, message: str)
 
 def test_spec_section_overrides_the_cluster_block_and_errors_name_the_field() -> None:
     block = ClusterConfig(partition="normal", account="a01", env={"X": "1"}, time_limit="02:00:00")
-    spec = SlurmSpec(partition="debug", env={"Y": "2"})
+    spec = SlurmLaunchSpec(partition="debug", env={"Y": "2"})
     merged = resolve_cluster(spec, block)
     assert (merged.partition, merged.account, merged.time_limit) == ("debug", "a01", "02:00:00")
     assert merged.env == {"X": "1", "Y": "2"}
@@ -142,7 +137,7 @@ def launcher(tmp_path: Path, engine: str = SLEEPER, **changes: object) -> SlurmL
     }
     spec_fields = {k: changes.pop(k) for k in list(changes) if k in ("overlay",)}
     settings.update(changes)
-    return SlurmLauncher(SlurmSpec(**spec_fields), cluster=ClusterConfig(**settings), ssh=ssh_config())
+    return SlurmLauncher(SlurmLaunchSpec(**spec_fields), cluster=ClusterConfig(**settings), ssh=ssh_config())
 
 
 @pytest.fixture
@@ -323,7 +318,8 @@ def test_overlay_is_uploaded_mounted_and_recorded(no_leftover_jobs: None, tmp_pa
 def test_overlay_without_a_container_is_refused(tmp_path: Path) -> None:
     build_overlay(REPO / ".engine-venv" / "lib" / "python3.11" / "site-packages", tmp_path / "ov")
     slurm = SlurmLauncher(
-        SlurmSpec(overlay=str(tmp_path / "ov")), cluster=ClusterConfig(remote_dir=str(tmp_path / "remote"))
+        SlurmLaunchSpec(overlay=str(tmp_path / "ov")),
+        cluster=ClusterConfig(remote_dir=str(tmp_path / "remote")),
     )  # no SSH: commands would run here (the login node), but it fails before any sbatch
     with pytest.raises(InputError, match="an overlay needs a container"):
         slurm.launch(TARGET, PLAIN, deployment_id="slurmtest.nocontainer.r0", directory=tmp_path / "dep")
@@ -336,6 +332,7 @@ def test_settings_and_key_come_from_saved_blocks(cluster_services: None, tmp_pat
     from prefect.testing.utilities import prefect_test_harness
     from stand_ins.cluster import SSHD_DIR
 
+    from blocks import resolve_launcher_config
     from blocks.cluster_ssh import ClusterSSHBlock
     from blocks.slurm_cluster import SlurmClusterBlock
 
@@ -352,11 +349,12 @@ def test_settings_and_key_come_from_saved_blocks(cluster_services: None, tmp_pat
         SlurmClusterBlock(
             partition="debug", remote_dir=str(tmp_path / "remote"), ssh_block="test-login"
         ).save("test-cluster", overwrite=True)
-        slurm = SlurmLauncher(SlurmSpec(cluster="test-cluster", time_limit="00:10:00"))
+        spec = SlurmLaunchSpec(cluster="test-cluster", time_limit="00:10:00")
+        slurm = SlurmLauncher.from_spec(spec, resolve_launcher_config(spec))
         assert (slurm.cluster.partition, slurm.cluster.time_limit) == ("debug", "00:10:00")
         assert slurm.ssh is not None and slurm.ssh.block == "test-login"
         assert slurm.ssh.private_key is not None and key_text.splitlines()[1] not in repr(slurm.ssh)
         assert slurm.shell.run("squeue --version").stdout.startswith("slurm")
         slurm.shell.close()
         with pytest.raises(InputError, match="no SlurmClusterBlock named 'absent'"):
-            SlurmLauncher(SlurmSpec(cluster="absent"))
+            resolve_launcher_config(SlurmLaunchSpec(cluster="absent"))

@@ -12,13 +12,12 @@ import httpx
 import pytest
 from stand_ins.cluster import ENGINE_PYTHON, REPO, STAND_INS, ensure_services, live_job_ids, ssh_config
 
-from experiments.spec import SmlLauncher as SmlSpec
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
 from tasks.health import wait_ready
 from tasks.launch import ledger
+from tasks.launch.config import ClusterConfig
 from tasks.launch.local import free_port
-from tasks.launch.slurm import ClusterConfig
 from tasks.launch.sml import (
     SmlLauncher,
     check_generation,
@@ -139,7 +138,7 @@ def sml_launcher(
         poll_s=0.5,
         cancel_wait_s=30,
     )
-    return SmlLauncher(SmlSpec(), cluster=cluster, ssh=ssh_config())
+    return SmlLauncher(SmlLaunchSpec(), cluster=cluster, ssh=ssh_config())
 
 
 @pytest.mark.slurm

@@ -1,4 +1,5 @@
-"""Launching deployments: pick a launcher for a spec, run it with guaranteed teardown, reap leftovers."""
+"""Launching deployments: pick a launcher for a spec (the registry), run it with guaranteed teardown, reap
+leftovers."""
 
 from __future__ import annotations
 
@@ -10,30 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from experiments.spec import ExperimentSpec, TargetSpec, Variant
-from specgauge.errors import InputError
 from tasks.drafters.prelaunch import check_drafters
 from tasks.launch import ledger
-from tasks.launch.base import Deployment, Launcher
-from tasks.launch.local import LocalLauncher
-
-
-def launcher_for(spec: ExperimentSpec) -> Launcher:
-    settings = spec.launcher
-    if settings.kind == "local":
-        return LocalLauncher(settings)
-    if settings.kind == "endpoint":
-        from tasks.launch.endpoint import EndpointLauncher
-
-        return EndpointLauncher(settings)
-    if settings.kind == "slurm":
-        from tasks.launch.slurm import SlurmLauncher
-
-        return SlurmLauncher(settings)
-    if settings.kind == "sml":
-        from tasks.launch.sml import SmlLauncher
-
-        return SmlLauncher(settings)
-    raise NotImplementedError(f"launcher kind {settings.kind!r}")
+from tasks.launch.base import Deployment
+from tasks.launch.config import LauncherConfig, SavedSettings
+from tasks.launch.protocol import Launcher
+from tasks.launch.registry import launcher_class, launcher_for
 
 
 def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
@@ -42,37 +25,19 @@ def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
     no engine start and leaves no partial campaign. Raises InputError naming the input (`source`: the spec's
     path, for messages)."""
     check_drafters(spec, source)  # tasks/drafters/prelaunch.py
-    if spec.launcher.kind != "local":
-        return  # cluster paths are not readable from here; the engine checks on its side
-    from tasks.launch.local import check_draft_vocabulary, resolve_local
-
-    for variant in spec.variants:
-        if variant.method == "draft_model" and variant.draft_model:
-            try:
-                check_draft_vocabulary(resolve_local(spec.target.model), resolve_local(variant.draft_model))
-            except InputError as exc:
-                raise InputError(f"variant {variant.name!r}: {exc}") from None
+    launcher_class(spec.launcher.kind).check_inputs(spec)
 
 
-def _stopper(kind: str):
-    if kind == "local":
-        return LocalLauncher.stop_leftover
-    if kind == "endpoint":
-        return lambda entry: "endpoint: nothing was launched"
-    if kind in ("slurm", "sml"):  # both are SLURM jobs: scancel by the recorded job id
-        from tasks.launch.slurm import SlurmLauncher
-
-        return SlurmLauncher.stop_leftover
-    raise KeyError(kind)
-
-
-def reap_leftovers(*, include_own: bool = False, id_prefix: str = "") -> list[dict[str, Any]]:
+def reap_leftovers(
+    *, include_own: bool = False, id_prefix: str = "", saved: SavedSettings | None = None
+) -> list[dict[str, Any]]:
     """Stop every deployment in the ledger whose launching process is gone; return what was done.
 
     `include_own` also stops what this very process launched and did not tear down: for the cancellation
     and crash hooks of a flow run, never for the reaping at a campaign's start (a long-lived process, a
     test session say, may hold live deployments of its own). `id_prefix` limits it to deployments whose
-    id starts so (a campaign's own: `<campaign_id>.`)."""
+    id starts so (a campaign's own: `<campaign_id>.`). `saved` reads the settings an entry names (a cluster's
+    SSH block: `blocks.SavedBlocks()`); without it such an entry is reported, not stopped."""
     done = []
     for entry in ledger.entries():
         if not str(entry.get("id", "")).startswith(id_prefix):
@@ -81,7 +46,7 @@ def reap_leftovers(*, include_own: bool = False, id_prefix: str = "") -> list[di
         if (own and not include_own) or (not own and ledger.owner_alive(entry)):
             continue
         try:
-            outcome = _stopper(entry["launcher"])(entry)
+            outcome = launcher_class(entry["launcher"]).stop_leftover(entry, saved)
         except Exception as exc:  # one bad entry must not stop the others from being reaped
             outcome = f"could not stop: {exc}"
             done.append({**entry, "outcome": outcome})
@@ -132,10 +97,12 @@ def deployed(
 __all__ = [
     "Deployment",
     "Launcher",
-    "LocalLauncher",
+    "LauncherConfig",
+    "SavedSettings",
     "check_drafters",
     "check_launchable",
     "deployed",
+    "launcher_class",
     "launcher_for",
     "reap_leftovers",
 ]

@@ -1,4 +1,5 @@
-"""What every launcher produces (a Deployment) and promises (launch, alive, log tail, teardown)."""
+"""What every launcher produces (a Deployment) and the start-up facts it reads from an engine log. What every
+launcher promises is tasks/launch/protocol.py."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import SecretStr
 
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import Variant
 
 Status = Literal["starting", "ready", "failed", "stopped"]
 
@@ -69,23 +70,6 @@ class Deployment:
         return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
 
 
-class Launcher(Protocol):
-    kind: str
-
-    def launch(
-        self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
-    ) -> Deployment:
-        """Start the engine and return at once (the health gate waits). Records itself in the ledger."""
-
-    def alive(self, deployment: Deployment) -> bool | None:
-        """False when the engine (or its job) has ended; None when it cannot be known."""
-
-    def log_tail(self, deployment: Deployment, lines: int = 60) -> str: ...
-
-    def teardown(self, deployment: Deployment) -> None:
-        """Stop everything the launch started. Idempotent; never raises for an already stopped engine."""
-
-
 # What the engine prints at start-up that provenance wants (vLLM 0.x, CPU and GPU wording).
 _KV_CACHE = re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens")
 _MAX_LEN = re.compile(r"Using max model len (\d+)")
@@ -119,3 +103,11 @@ def tail(path: Path | None, lines: int = 60) -> str:
         fh.seek(max(size - 64 * 1024, 0))
         text = fh.read().decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+def apply_startup_facts(deployment: Deployment, facts: dict[str, Any]) -> dict[str, Any]:
+    """Put what `startup_facts` found into the deployment (a fact not found keeps its value); returns facts."""
+    deployment.kv_cache_tokens = facts.get("kv_cache_tokens", deployment.kv_cache_tokens)
+    deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
+    deployment.engine_version = facts.get("engine_version", deployment.engine_version)
+    return facts

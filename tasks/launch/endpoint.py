@@ -7,44 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
-from experiments.spec import EndpointLauncher as EndpointLauncherSpec
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import EndpointLaunchSpec, ExperimentSpec, TargetSpec, Variant
 from specgauge.errors import InputError
 from specgauge.provenance import utc_now
 from tasks.launch.base import Deployment
+from tasks.launch.config import EndpointConfig, LauncherConfig, SavedSettings
+from tasks.launch.registry import register
 
 
-class EndpointConfig(BaseModel):
-    """What `EndpointBlock.to_config()` returns; the spec's endpoint section overrides what it sets."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base_url: str
-    api_key: SecretStr | None = None
-    metrics_url: str | None = None
-    served_model_name: str | None = None
-
-    @field_validator("base_url")
-    @classmethod
-    def root_url(cls, value: str) -> str:
-        """The server root: the health gate and the client add /v1/... themselves."""
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url {value!r} must start with http:// or https://")
-        value = value.rstrip("/")
-        return value.removesuffix("/v1")
-
-
-def resolve_endpoint(spec: EndpointLauncherSpec, config: EndpointConfig | None = None) -> EndpointConfig:
-    """The block's settings (or `config`), overridden by the spec's base_url/metrics_url/api_key."""
+def resolve_endpoint(spec: EndpointLaunchSpec, config: EndpointConfig | None = None) -> EndpointConfig:
+    """The block's settings (`config`, read by the flow), overridden by the spec's base_url/metrics_url/api_key."""
     if config is None and spec.block:
-        from blocks.endpoint import EndpointBlock
-
-        try:
-            config = EndpointBlock.load(spec.block).to_config()
-        except (ValueError, RuntimeError) as exc:
-            raise InputError(f"no EndpointBlock named {spec.block!r} could be loaded ({exc})") from None
+        raise InputError(
+            f"launcher: EndpointBlock {spec.block!r} was not read; the flow resolves it first "
+            "(blocks.resolve_launcher_config)"
+        )
     data: dict[str, Any] = config.model_dump() if config else {}
     for name in ("base_url", "metrics_url", "api_key"):
         if getattr(spec, name) is not None:
@@ -54,16 +32,29 @@ def resolve_endpoint(spec: EndpointLauncherSpec, config: EndpointConfig | None =
     return EndpointConfig.model_validate(data)
 
 
+@register
 class EndpointLauncher:
     kind = "endpoint"
 
     def __init__(
-        self, spec: EndpointLauncherSpec | None = None, *, config: EndpointConfig | None = None
+        self, spec: EndpointLaunchSpec | None = None, *, config: EndpointConfig | None = None
     ) -> None:
         if spec is None and config is None:
             raise InputError("the endpoint launcher needs a spec section or an EndpointConfig")
-        self.spec = spec or EndpointLauncherSpec(base_url=config.base_url)  # type: ignore[union-attr]
+        self.spec = spec or EndpointLaunchSpec(base_url=config.base_url)  # type: ignore[union-attr]
         self.config = resolve_endpoint(self.spec, config)
+
+    @classmethod
+    def from_spec(cls, spec: EndpointLaunchSpec, config: LauncherConfig) -> EndpointLauncher:
+        return cls(spec, config=config.endpoint)
+
+    @classmethod
+    def check_inputs(cls, experiment: ExperimentSpec) -> None:
+        """Nothing to check before: the server is not ours (the health gate asks it)."""
+
+    @staticmethod
+    def stop_leftover(entry: dict[str, Any], saved: SavedSettings | None = None) -> str:
+        return "endpoint: nothing was launched"
 
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path

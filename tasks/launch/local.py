@@ -14,15 +14,16 @@ from typing import Any
 
 import psutil
 
-from experiments.spec import LocalLauncher as LocalLauncherSpec
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import ExperimentSpec, LocalLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT, get_settings
 from tasks.drafters.provenance import drafter_record
 from tasks.launch import ledger
-from tasks.launch.base import Deployment, startup_facts, tail
+from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
 from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
+from tasks.launch.config import LauncherConfig, SavedSettings
+from tasks.launch.registry import register
 
 _LIVE: dict[str, tuple[LocalLauncher, Deployment]] = {}
 
@@ -58,13 +59,30 @@ def check_draft_vocabulary(target_dir: str, draft_dir: str) -> None:
         )
 
 
+@register
 class LocalLauncher:
     kind = "local"
 
-    def __init__(self, spec: LocalLauncherSpec | None = None, engine_python: Path | None = None) -> None:
-        self.spec = spec or LocalLauncherSpec()
+    def __init__(self, spec: LocalLaunchSpec | None = None, engine_python: Path | None = None) -> None:
+        self.spec = spec or LocalLaunchSpec()
         self.engine_python = engine_python or get_settings().engine_python
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def from_spec(cls, spec: LocalLaunchSpec, config: LauncherConfig) -> LocalLauncher:
+        return cls(spec)  # the local launcher names no saved settings
+
+    @classmethod
+    def check_inputs(cls, experiment: ExperimentSpec) -> None:
+        """A draft model must share the target's vocabulary (checked on the local checkpoints)."""
+        for variant in experiment.variants:
+            if variant.method == "draft_model" and variant.draft_model:
+                try:
+                    check_draft_vocabulary(
+                        resolve_local(experiment.target.model), resolve_local(variant.draft_model)
+                    )
+                except InputError as exc:
+                    raise InputError(f"variant {variant.name!r}: {exc}") from None
 
     def command(self, target: TargetSpec, variant: Variant, port: int) -> list[str]:
         args = vllm_args(
@@ -77,7 +95,7 @@ class LocalLauncher:
         )
         single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
         if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
-            args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLauncher
+            args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLaunchSpec
         return [str(self.engine_python), "-m", ENGINE_MODULE, *args]
 
     def launch(
@@ -146,10 +164,7 @@ class LocalLauncher:
 
     def collect_facts(self, deployment: Deployment) -> dict[str, Any]:
         log_text = deployment.log_path.read_text(errors="replace") if deployment.log_path else ""
-        facts = startup_facts(log_text)
-        deployment.kv_cache_tokens = facts.get("kv_cache_tokens", deployment.kv_cache_tokens)
-        deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
-        deployment.engine_version = facts.get("engine_version", deployment.engine_version)
+        facts = apply_startup_facts(deployment, startup_facts(log_text))
         deployment.extra.update({k: v for k, v in facts.items() if k == "max_concurrency_at_len"})
         if deployment.variant.drafter:  # which head or draft was served: its content hash and card
             deployment.drafter = drafter_record(
@@ -170,7 +185,7 @@ class LocalLauncher:
         _LIVE.pop(deployment.id, None)
 
     @staticmethod
-    def stop_leftover(entry: dict[str, Any]) -> str:
+    def stop_leftover(entry: dict[str, Any], saved: SavedSettings | None = None) -> str:
         """Stop what a crashed run left, from its ledger entry, if it is still our engine."""
         pid = entry.get("pgid") or entry.get("pid")
         if not pid or not psutil.pid_exists(pid):

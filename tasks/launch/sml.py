@@ -9,7 +9,6 @@ environment TOML is checked against it before submitting, and the generation is 
 
 from __future__ import annotations
 
-import logging
 import posixpath
 import re
 import threading
@@ -19,25 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from experiments.spec import SmlLauncher as SmlLauncherSpec
-from experiments.spec import TargetSpec, Variant
-from specgauge.errors import EngineDied, InputError, LaunchError
-from specgauge.provenance import utc_now, utc_stamp
-from tasks.launch import ledger
-from tasks.launch.base import Deployment, startup_facts
+from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
+from specgauge.errors import InputError, LaunchError
+from tasks.launch.base import Deployment
+from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import vllm_args
-from tasks.launch.slurm import (
-    ClusterConfig,
-    SlurmLauncher,
-    _Live,
-    describe_end,
-    job_state,
-    stage_environment,
-    stage_overlay,
-)
-from tasks.launch.ssh import SSHConfig, SSHError, quote
-
-log = logging.getLogger("specgauge.sml")
+from tasks.launch.config import ClusterConfig
+from tasks.launch.registry import register
+from tasks.launch.slurm_jobs import JobState, job_state
+from tasks.launch.ssh import SSHError, quote
 
 Generation = Literal["legacy", "current"]
 # Flag spellings per generation (model-launch renamed them, and a container mount, in one change).
@@ -191,19 +180,16 @@ def head_ip(log_text: str, replica: int = 0) -> str | None:
     return found[-1] if found else None
 
 
-class SmlLauncher(SlurmLauncher):
+@register
+class SmlLauncher(ClusterJobLauncher):
     """Launch through `sml advanced`; status and cancel through squeue/scancel (sml has neither)."""
 
     kind = "sml"
-
-    def __init__(
-        self,
-        spec: SmlLauncherSpec | None = None,
-        *,
-        cluster: ClusterConfig | None = None,
-        ssh: SSHConfig | None = None,
-    ) -> None:
-        super().__init__(spec or SmlLauncherSpec(), cluster=cluster, ssh=ssh)  # type: ignore[arg-type]
+    spec_class = SmlLaunchSpec
+    job_label = "sml job"
+    engine_label = "replica"
+    address_key = "head_ip"
+    facts_log_key = "engine_log"  # the engine's own output; log.out is sml's
 
     @property
     def generation(self) -> Generation:
@@ -232,11 +218,8 @@ class SmlLauncher(SlurmLauncher):
     ) -> Deployment:
         if not self.cluster.environment_toml:
             raise InputError("the sml launcher needs environment_toml (in the cluster block or the spec)")
-        directory.mkdir(parents=True, exist_ok=True)
+        root, run_dir = self._new_run_dir(deployment_id, directory)
         shell = self.shell
-        root = self.remote_root()
-        run_dir = f"{root}/runs/{deployment_id}.{utc_stamp()}"
-        shell.mkdir_p(run_dir)
 
         source = str(Path(self.cluster.environment_toml).expanduser())
         try:
@@ -250,11 +233,7 @@ class SmlLauncher(SlurmLauncher):
             "run_dir": run_dir,
             "sml_flags": self.generation,
         }
-        mounts: list[str] = []
-        if self.spec.overlay:
-            overlay, overlay_root = stage_overlay(shell, self.spec.overlay, root)
-            mounts = overlay.mounts(overlay_root)
-            extra["overlays"] = overlay.provenance(overlay_root)
+        mounts = self._stage_overlay(root, extra)
         environment, _ = stage_environment(
             shell, source, arch=self.cluster.arch, remote_root=root, mounts=mounts
         )
@@ -281,32 +260,26 @@ class SmlLauncher(SlurmLauncher):
             )
         job_id, printed_name, logs = parse_submission(result.stdout)
         log_dir = self._expand_log_dir(logs, job_id)
-        ledger.record(deployment_id, self.kind, job_id=job_id, **self._ledger_facts())  # before anything else
+        self._record(deployment_id, job_id)  # before anything else
         try:  # the name sml gave the job: the reaper cancels only a job still of that name
             job_name = job_state(shell, job_id).name
         except SSHError:
             job_name = None
-        ledger.record(
+        self._record(
             deployment_id,
-            self.kind,
-            job_id=job_id,
+            job_id,
             job_name=job_name,
             run_dir=run_dir,
             log_dir=log_dir,
             directory=str(directory),
             sml_flags=self.generation,
-            **self._ledger_facts(),
         )
-        deployment = Deployment(
-            id=deployment_id,
-            launcher=self.kind,
+        return self._follow(
+            deployment_id=deployment_id,
+            directory=directory,
             variant=variant,
             served_model_name=printed_name or served,
-            base_url="",
-            metrics_url="",
-            directory=directory,
             command=words,
-            started_at=utc_now(),
             job_id=job_id,
             extra={
                 **extra,
@@ -314,69 +287,18 @@ class SmlLauncher(SlurmLauncher):
                 "log_dir": log_dir,
                 "remote_log": f"{log_dir}/log.out",
                 "engine_log": f"{log_dir}/replica_0.out",
-                "ssh": self._ledger_facts()["remote"],
             },
         )
-        deployment.save()  # the job id is on disk before any waiting
-        self._live[deployment_id] = _Live()
-        try:
-            self._expose_sml(deployment)
-        except BaseException:
-            deployment.status = "failed"
-            self.teardown(deployment)
-            raise
-        return deployment
 
-    def _expose_sml(self, deployment: Deployment) -> None:
-        assert deployment.job_id is not None
-        job_id, shell = deployment.job_id, self.shell
-        deadline = time.monotonic() + self.cluster.pending_timeout_s
-        while True:
-            state = job_state(shell, job_id)
-            if not state.alive:
-                raise EngineDied(
-                    f"sml job {job_id} of deployment {deployment.id} ended before its replica started "
-                    f"({describe_end(shell, job_id)})",
-                    log_tail=self.log_tail(deployment),
-                    transient=True,
-                )
-            if state.state == "RUNNING":
-                address = head_ip(self._read(deployment.extra["remote_log"]))
-                if address:
-                    break
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"sml job {job_id} still {state.state} ({state.reason}) after "
-                    f"{self.cluster.pending_timeout_s:g} s",
-                    transient=True,
-                )
-            time.sleep(self.cluster.poll_s if state.state == "PENDING" else 0.5)
-        endpoint = shell.forward(address, self.cluster.port)
-        self._live[deployment.id].endpoint = endpoint
-        deployment.base_url = endpoint.url
-        deployment.metrics_url = f"{endpoint.url}/metrics"
-        deployment.extra.update(
-            {
-                "node": state.node,
-                "head_ip": address,
-                "port": self.cluster.port,
-                "tunnel": self.ssh is not None,
-            }
-        )
-        deployment.save()
-        log.info(
-            "deployment %s: sml job %s, head %s, engine at %s", deployment.id, job_id, address, endpoint.url
-        )
+    def _engine_address(self, deployment: Deployment, state: JobState) -> str | None:
+        return head_ip(self._read(deployment.extra["remote_log"]))
+
+    def _died_tail(self, deployment: Deployment) -> str:
+        return self.log_tail(deployment)
 
     def log_tail(self, deployment: Deployment, lines: int = 60) -> str:
         """The job's state line, the tail of sml's log.out and of the engine's replica_0.out."""
-        parts = []
-        if deployment.job_id:
-            try:
-                if not job_state(self.shell, deployment.job_id).alive:
-                    parts.append(describe_end(self.shell, deployment.job_id))
-            except SSHError as exc:
-                parts.append(f"(job state unknown: {exc})")
+        parts = [end] if (end := self._end_line(deployment)) else []
         for key in ("remote_log", "engine_log"):
             path = deployment.extra.get(key)
             if path:
@@ -384,14 +306,6 @@ class SmlLauncher(SlurmLauncher):
                 if body:
                     parts.append(f"--- {posixpath.basename(path)} ---\n{body}")
         return "\n".join(parts)
-
-    def collect_facts(self, deployment: Deployment) -> dict[str, Any]:
-        path = deployment.extra.get("engine_log")
-        facts = startup_facts(self._read(path) if path else "")
-        deployment.kv_cache_tokens = facts.get("kv_cache_tokens", deployment.kv_cache_tokens)
-        deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
-        deployment.engine_version = facts.get("engine_version", deployment.engine_version)
-        return facts
 
     def teardown(self, deployment: Deployment) -> None:
         """scancel (as the SLURM launcher), keeping copies of sml's log.out and the engine's replica_0.out."""

@@ -23,16 +23,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import paramiko
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from specgauge.errors import InputError, LaunchError
+from tasks.launch.config import SSHConfig
 
 log = logging.getLogger("specgauge.ssh")
 
-HostKeyPolicy = Literal["known_hosts", "accept-new", "insecure"]
 # What a dropped or refused connection raises inside paramiko and the socket layer.
 _CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
@@ -42,52 +41,6 @@ class SSHError(LaunchError):
 
     def __init__(self, message: str, *, transient: bool = True, log_tail: str = "") -> None:
         super().__init__(message, transient=transient, log_tail=log_tail)
-
-
-class SSHConfig(BaseModel):
-    """How to reach a login node. `ClusterSSHBlock.to_config()` makes one; tests build it directly."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = Field(min_length=1)
-    port: int = Field(default=22, gt=0, lt=65536)
-    user: str = Field(min_length=1)
-    key_path: Path | None = Field(default=None, description="Private key file.")
-    private_key: SecretStr | None = Field(default=None, description="Private key text (OpenSSH/PEM).")
-    passphrase: SecretStr | None = None
-    known_hosts: Path | None = Field(default=None, description="Default: ~/.ssh/known_hosts.")
-    host_key_policy: HostKeyPolicy = "known_hosts"
-    connect_timeout_s: float = Field(default=15.0, gt=0)
-    keepalive_s: int = Field(default=15, ge=0, description="0: no keepalive packets.")
-    reconnect_attempts: int = Field(default=3, ge=1, description="Connection attempts per (re)connect.")
-    reconnect_backoff_s: float = Field(default=1.0, ge=0)
-    block: str | None = Field(default=None, description="The ClusterSSHBlock this came from, if any.")
-
-    @model_validator(mode="after")
-    def one_key(self) -> SSHConfig:
-        if (self.key_path is None) == (self.private_key is None):
-            raise ValueError("give exactly one of key_path or private_key")
-        return self
-
-    @property
-    def known_hosts_path(self) -> Path:
-        return Path(self.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
-
-    @property
-    def where(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-    def describe(self) -> dict[str, Any]:
-        """Non-secret facts (for the ledger and provenance): enough to reconnect with a key file or block."""
-        return {
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "key_path": str(self.key_path) if self.key_path else None,
-            "known_hosts": str(self.known_hosts) if self.known_hosts else None,
-            "host_key_policy": self.host_key_policy,
-            "block": self.block,
-        }
 
 
 class CommandResult(NamedTuple):

@@ -87,9 +87,7 @@ def profile_variant(
         directory=directory,
     ) as deployment:
         wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
-        collect = getattr(launcher, "collect_facts", None)
-        if collect is not None:
-            collect(deployment)
+        launcher.collect_facts(deployment)
         deployment.save()
         return run_window(
             deployment,
