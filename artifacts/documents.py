@@ -164,7 +164,9 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def stored_columns(model: type[BaseModel], prefix: str = "", path: tuple[str, ...] = ()) -> list[StoredColumn]:
+def stored_columns(
+    model: type[BaseModel], prefix: str = "", path: tuple[str, ...] = ()
+) -> list[StoredColumn]:
     """Every `Column` field of `model`, through its `Columns` blocks, in declaration order."""
     out: list[StoredColumn] = []
     for name, info in model.model_fields.items():

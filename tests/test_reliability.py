@@ -42,13 +42,13 @@ from test_reliability_support import (
     write_spec,
 )
 
+from artifacts.store import write_json_atomic
 from experiments.plan import CellPlan, plan_campaign
 from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
 from specgauge import progress
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
 from tasks import campaign as campaign_state
-from tasks.artifacts import write_json_atomic
 from tasks.cell import run_cell
 from tasks.launch.base import Deployment
 from workloads.schema import load_corpus
