@@ -732,6 +732,13 @@ class GateVerdictDocument(Document):
 # ---------------------------------------------------------------------------------------------- profiles
 
 
+class ProfileWorkload(Document):
+    file: Text | None = None
+    sha256: Text | None = None
+    stratum: Text | None = None  # null: every prompt of the file
+    prompt_ids: list[Any] | None = None
+
+
 class ProfileLoad(Document):
     mode: Text | None = None
     concurrency: Whole | None = None
@@ -763,7 +770,7 @@ class ProfileMeta(Document):
     deployment_id: Text | None = None
     variant: VariantFacts
     profiler: Text  # torch-profiler | nsys
-    workload: WorkloadFacts | dict[str, Any] | None = None
+    workload: ProfileWorkload | None = None
     load: ProfileLoad | None = None
     sampling: dict[str, Any] | None = None
     endpoint: Text | None = None

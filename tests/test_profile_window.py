@@ -24,7 +24,6 @@ DATA = Path(__file__).parent / "data" / "profile"
 
 @pytest.mark.engine
 def test_profile_variant_on_the_embedded_engine(engine_lock: None, tmp_path: Path) -> None:
-    import warehouse.ingest_profile  # noqa: F401  (registers the profile kind)
     from tasks.profile.chart import save_chart, waste_chart
     from tasks.profile.run import profile_variant
     from warehouse.db import reader
