@@ -5,12 +5,12 @@ through the same models (warehouse.kinds). The models accept every document writ
 older writers did not write are optional, fields no model declares are kept (`extra="allow"`), so a
 document read and written again keeps them.
 
-Value types say what JSON value a field takes, with the message a reader gets when it does not:
-`Number` (int or float, never bool), `Whole` (an int, or a float without fraction), `Text`, `Flag`
-(true/false), `Time` (ISO-8601 text, kept as written). Value *ranges* (a share within 0..1) are the
+Value types say what JSON value a field takes; they are strict (a value of another type is refused, not
+converted; TYPE_ERRORS gives the words a reader gets): `Number` (an int or a float, taken as a float), `Whole`
+(an int), `Text`, `Flag` (true/false), `Time` (ISO-8601 text, kept as written). Value *ranges* (a share within 0..1) are the
 warehouse's checks: a field that the warehouse stores as a column carries a `Column` (its name, type and
 checks there), and a block whose fields are columns carries `Columns` (the prefix of their names). The cell
-summary's columns are all derived that way (`stored_columns`): a new summary figure is one field here, one
+summary's columns are all derived that way (`stored_columns`, `StoredReader`): a new summary figure is one field here, one
 migration adding its column, one line in the view that shows it (docs/design.md).
 
 The per-row tables (requests, gauges, capture outputs) are parquet files; their column types are
@@ -19,65 +19,43 @@ REQUEST_SCHEMA, GAUGE_SCHEMA and OUTPUT_SCHEMA below.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import polars as pl
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 # ---------------------------------------------------------------------------------------------- value types
 
 
-def _missing_if_none(value: Any) -> None:
-    if value is None:  # a required field given null: as good as absent
-        raise PydanticCustomError("missing", "required field missing")
-
-
-def _number(value: Any) -> Any:
-    _missing_if_none(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PydanticCustomError("number", "expected a number, got {value}", {"value": repr(value)})
-    return value
-
-
-def _whole(value: Any) -> int:
-    _number(value)
-    if float(value) != int(value):
-        raise PydanticCustomError("whole", "expected a whole number, got {value}", {"value": repr(value)})
-    return int(value)
-
-
-def _text(value: Any) -> str:
-    _missing_if_none(value)
-    if not isinstance(value, str):
-        raise PydanticCustomError("text", "expected a string, got {value}", {"value": repr(value)})
-    return value
-
-
-def _flag(value: Any) -> bool:
-    _missing_if_none(value)
-    if not isinstance(value, bool):
-        raise PydanticCustomError("flag", "expected true/false, got {value}", {"value": repr(value)})
-    return value
-
-
-def _time(value: Any) -> str:
-    text = _text(value)
+def _time(value: str) -> str:
     try:
-        datetime.fromisoformat(text)
+        datetime.fromisoformat(value)
     except ValueError:
-        raise PydanticCustomError("time", "not an ISO-8601 time: {value}", {"value": repr(text)}) from None
-    return text
+        raise PydanticCustomError("time", "not an ISO-8601 time: {value}", {"value": repr(value)}) from None
+    return value
 
 
-Number = Annotated[int | float, BeforeValidator(_number)]  # keeps an int an int
-Whole = Annotated[int, BeforeValidator(_whole)]
-Text = Annotated[str, BeforeValidator(_text)]
-Flag = Annotated[bool, BeforeValidator(_flag)]
-Time = Annotated[str, BeforeValidator(_time)]
+# Strict: a JSON value of another type is refused, never converted ("3" is not a number, 1 not true).
+Number = Annotated[float, Field(strict=True)]  # an int is taken, as a float
+Whole = Annotated[int, Field(strict=True)]
+Text = Annotated[str, Field(strict=True)]
+Flag = Annotated[bool, Field(strict=True)]
+Time = Annotated[str, Field(strict=True), AfterValidator(_time)]
+
+# What a reader is told when a value has the wrong type (pydantic's error type -> words).
+TYPE_ERRORS = {
+    "float_type": "expected a number",
+    "int_type": "expected a whole number",
+    "string_type": "expected a string",
+    "bool_type": "expected true/false",
+    "dict_type": "expected an object",
+    "model_type": "expected an object",
+    "model_attributes_type": "expected an object",
+    "list_type": "expected a list",
+}
 
 
 def utc_datetime(value: str | None) -> datetime | None:
@@ -184,13 +162,28 @@ def stored_columns(
     return out
 
 
-def stored_values(document: BaseModel, columns: list[StoredColumn]) -> Iterator[tuple[StoredColumn, Any]]:
-    """(column, value) for each stored column of a document; null where a block on its path is null."""
-    for stored in columns:
-        node: Any = document
-        for part in stored.path:
-            node = getattr(node, part, None) if node is not None else None
-        yield stored, node
+class StoredReader:
+    """The stored columns of a document model, read from its instances: {column name: value}, null where a
+    block on the way is null. Blocks are looked up once per document, then their fields by name."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.columns = stored_columns(model)
+        blocks: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        for column in self.columns:
+            blocks.setdefault(column.path[:-1], []).append((column.name, column.path[-1]))
+        self._blocks = list(blocks.items())
+
+    def __call__(self, document: BaseModel) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for path, fields in self._blocks:
+            node: Any = document
+            for part in path:
+                node = getattr(node, part) if node is not None else None
+            if node is None:
+                out.update((name, None) for name, _ in fields)
+            else:
+                out.update((name, getattr(node, field)) for name, field in fields)
+        return out
 
 
 # --------------------------------------------------------------------------------------- shared blocks

@@ -19,6 +19,7 @@ import polars as pl
 from pandera.polars import DataFrameModel
 from pydantic import BaseModel, ValidationError
 
+from artifacts.documents import TYPE_ERRORS
 from warehouse.errors import ArtifactInvalid
 
 Files = Mapping[str, bytes]
@@ -65,34 +66,34 @@ def short_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
 
 
-_MESSAGES = {
-    "missing": "required field missing",
-    "model_type": "expected an object",
-    "model_attributes_type": "expected an object",
-    "dict_type": "expected an object",
-    "list_type": "expected a list",
-}
-
-
 def document(files: Files, name: str, model: type[Document]) -> Document:
     """A JSON file read through its model (artifacts.documents); ArtifactInvalid names the file and field."""
     if name not in files:
         raise ArtifactInvalid("file missing", file=name)
-    data = files[name]
     try:
-        parsed = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ArtifactInvalid(f"not valid JSON{where}: {exc}", file=name) from None
-    if not isinstance(parsed, dict):
-        raise ArtifactInvalid(f"expected a JSON object, got {type(parsed).__name__}", file=name)
-    try:
-        return model.model_validate(parsed)
+        return model.model_validate_json(files[name])
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        message = _MESSAGES.get(first["type"], first["msg"])
-        raise ArtifactInvalid(message, file=name, column=where or None) from None
+    if not first["loc"]:  # not JSON, or not an object: say where and what, as json does
+        try:
+            parsed = json.loads(files[name])
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            where = (
+                f" at line {error.lineno} column {error.colno}"
+                if isinstance(error, json.JSONDecodeError)
+                else ""
+            )
+            raise ArtifactInvalid(f"not valid JSON{where}: {error}", file=name) from None
+        raise ArtifactInvalid(f"expected a JSON object, got {type(parsed).__name__}", file=name)
+    where = ".".join(str(part) for part in first["loc"])
+    value = first.get("input")
+    if first["type"] == "missing" or (value is None and first["type"] in TYPE_ERRORS):
+        message = "required field missing"
+    elif first["type"] in TYPE_ERRORS:
+        message = f"{TYPE_ERRORS[first['type']]}, got {value!r}"
+    else:
+        message = first["msg"]
+    raise ArtifactInvalid(message, file=name, column=where)
 
 
 def load_parquet(files: Files, name: str, required: Sequence[str]) -> pl.DataFrame:

@@ -23,9 +23,7 @@ from artifacts.documents import (
     CellMeta,
     CellSummary,
     Speculation,
-    StoredColumn,
-    stored_columns,
-    stored_values,
+    StoredReader,
     utc_datetime,
 )
 from warehouse.errors import ArtifactInvalid
@@ -35,7 +33,8 @@ from warehouse.kinds.deployments import settings_of
 from warehouse.models import METHODS, Exact, with_columns
 
 LOAD_MODES = ["closed", "open"]
-SUMMARY_COLUMNS: list[StoredColumn] = stored_columns(CellSummary)
+SUMMARY = StoredReader(CellSummary)  # the summary's fields that are cells columns
+_JSON_COLUMNS = [c.name for c in SUMMARY.columns if c.column.json]
 _NonNegative = {"nullable": True, "ge": 0}
 
 
@@ -121,7 +120,7 @@ class CellFacts(pa.DataFrameModel):
 
 
 # One row per cell attempt: meta.json's facts and every summary.json field that is a Column.
-CellModel = with_columns(CellFacts, "CellModel", SUMMARY_COLUMNS)
+CellModel = with_columns(CellFacts, "CellModel", SUMMARY.columns)
 
 
 class RequestModel(pa.DataFrameModel):
@@ -237,16 +236,6 @@ _REQUEST_COLUMNS = tuple(
 _GAUGE_COLUMNS = tuple((c, c) for c in GAUGE_SCHEMA)
 
 
-def _stored(column: StoredColumn, value: Any) -> Any:
-    if value is None:
-        return None
-    if column.column.json:
-        return canonical_json(value)
-    if column.dtype == pl.Float64:
-        return float(value)
-    return value
-
-
 def cell_frames(
     source_path: str,
     campaign_id: str,
@@ -321,7 +310,9 @@ def cell_frames(
         "source_path": source_path,
         "sha256": sha256,
     }
-    row |= {column.name: _stored(column, value) for column, value in stored_values(summary, SUMMARY_COLUMNS)}
+    row |= SUMMARY(summary)
+    for name in _JSON_COLUMNS:
+        row[name] = None if row[name] is None else canonical_json(row[name])
 
     frames: dict[str, Part] = {"cells": [row]}
     needs_tables = summary.status == "ok"  # a failed cell may have stopped before writing them
