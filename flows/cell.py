@@ -82,5 +82,5 @@ def cell(
         "cell_id": outcome.cell_id,
         "status": outcome.status,
         "path": str(outcome.path),
-        "summary": outcome.summary,
+        "summary": outcome.summary.model_dump(mode="json"),
     }

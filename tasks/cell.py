@@ -18,7 +18,7 @@ import httpx
 import polars as pl
 
 from artifacts import ids, layout
-from artifacts.documents import GAUGE_SCHEMA, CellMeta
+from artifacts.documents import GAUGE_SCHEMA, CellMeta, CellSummary
 from artifacts.store import atomic_dir, write_json
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling
@@ -41,7 +41,7 @@ class CellOutcome:
     cell_id: str
     path: Path
     status: str  # "ok" or "failed"
-    summary: dict[str, Any]  # summary.json as written (artifacts.documents.CellSummary)
+    summary: CellSummary  # what summary.json holds
 
 
 def load_plan(cell: CellPlan, load: LoadSpec, seed: int) -> LoadPlan:
@@ -328,6 +328,4 @@ def run_cell(
         (tmp / layout.METRICS_AFTER).write_text(window.after or "")
     if interrupted is not None:
         raise interrupted
-    return CellOutcome(
-        cell_id=cell.cell_id, path=final, status=summary.status, summary=summary.model_dump(mode="json")
-    )
+    return CellOutcome(cell_id=cell.cell_id, path=final, status=summary.status, summary=summary)
