@@ -51,7 +51,9 @@ class Deployment:
         data["log_path"] = str(self.log_path) if self.log_path else None
         data["command"] = list(self.command)
         data["extra"] = dict(self.extra)
-        if self.engine_version is not None:  # as a server reported it (an endpoint's /version may be a number)
+        if (
+            self.engine_version is not None
+        ):  # as a server reported it (an endpoint's /version may be a number)
             data["engine_version"] = str(self.engine_version)
         return DeploymentFacts.model_validate(data)
 
