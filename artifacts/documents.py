@@ -71,7 +71,9 @@ def utc_datetime(value: str | None) -> datetime | None:
 class Document(BaseModel):
     """A raw JSON document or one of its blocks."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow", defer_build=True
+    )  # schemas built on first use: imports stay quick
 
     def as_written(self) -> dict[str, Any]:
         """The fields the document had (as read or as built), extras included: what hashes and canonical
