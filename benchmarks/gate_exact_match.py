@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from artifacts import layout  # noqa: E402
 from experiments.spec import ExperimentSpec, Sampling, TargetSpec, Variant, load_spec  # noqa: E402
 from specgauge.provenance import utc_stamp  # noqa: E402
 from tasks.capture import capture, load_capture  # noqa: E402
@@ -65,7 +66,7 @@ def launch_and_capture(
         target,
         variant,
         deployment_id=deployment_id,
-        directory=raw_dir / "deployments" / deployment_id,
+        directory=layout.deployment_dir(raw_dir, deployment_id),
     ) as deployment:
         wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
         launcher.collect_facts(deployment)

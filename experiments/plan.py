@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from artifacts import ids
 from experiments.spec import SAFE_NAME, ExperimentSpec, Variant
 from specgauge.errors import SpecError
 from workloads.schema import Corpus, load_corpus
@@ -26,7 +27,7 @@ class CellPlan:
 
     @property
     def load_label(self) -> str:
-        return f"c{self.concurrency}" if self.mode == "closed" else f"rate{self.rate:g}"
+        return ids.load_label(self.mode, self.concurrency, self.rate)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
             f"label {label!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
             "digit, and be at most 48 characters"
         )
-    return f"{spec.name}-{spec_digest(spec)[:8]}" + (f"-{label}" if label else "")
+    return ids.campaign_id(spec.name, spec_digest(spec), label)
 
 
 def resolve_repo_path(path: str, base: Path | None = None) -> Path:
@@ -112,7 +113,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
             variant = next(v for v in spec.variants if v.name == name)
             cells = tuple(
                 CellPlan(
-                    cell_id=f"{name}.r{repeat}.{stratum}." + (f"c{c}" if mode == "closed" else f"rate{r:g}"),
+                    cell_id=ids.cell_id(name, repeat, stratum, ids.load_label(mode, c, r)),
                     workload=stratum,
                     mode=mode,
                     concurrency=c,
@@ -125,12 +126,12 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
             # The gate judges each speculative variant's first repeat against plain; every plain launch is
             # captured, since each one beyond the first is a cross-deployment control.
             if spec.capture.enabled and (variant.method == "none" or repeat == 0):
-                captures = (f"{name}.r{repeat}",)
+                captures = (ids.capture_id(name, repeat),)
                 if variant.method == "none" and repeat == 0:
-                    captures += (f"{name}.r{repeat}.again",)  # same-deployment repeat: the first control
+                    captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control
             deployments.append(
                 DeploymentPlan(
-                    deployment_id=f"{campaign_id}.{name}.r{repeat}",
+                    deployment_id=ids.slot_id(campaign_id, name, repeat),
                     variant=variant,
                     repeat=repeat,
                     position=len(deployments),
@@ -142,12 +143,12 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
         for n in range(spec.capture.plain_controls):
             deployments.append(
                 DeploymentPlan(
-                    deployment_id=f"{campaign_id}.{spec.plain.name}.ctl{n + 1}",
+                    deployment_id=ids.control_slot_id(campaign_id, spec.plain.name, n + 1),
                     variant=spec.plain,
                     repeat=0,
                     position=len(deployments),
                     cells=(),
-                    captures=(f"{spec.plain.name}.ctl{n + 1}",),
+                    captures=(ids.control_capture_id(spec.plain.name, n + 1),),
                     role="control",
                 )
             )

@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from artifacts import layout  # noqa: E402
 from blocks import SavedBlocks, resolve_launcher_config  # noqa: E402
 from experiments.plan import CampaignPlan, DeploymentPlan, plan_campaign, resolve_repo_path  # noqa: E402
 from experiments.spec import ExperimentSpec, load_spec  # noqa: E402
@@ -59,7 +60,10 @@ def launch_and_gate(
     """Launch and wait until ready. A launch that dies (transient) is torn down and retried with a new id."""
     launch_id = state.next_launch_id(directory, slot.deployment_id)
     deployment = launcher.launch(
-        spec.target, slot.variant, deployment_id=launch_id, directory=directory / "deployments" / launch_id
+        spec.target,
+        slot.variant,
+        deployment_id=launch_id,
+        directory=layout.deployment_dir(directory, launch_id),
     )
     try:
         waited = wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
@@ -101,18 +105,18 @@ def cell_task(
     reporter.cell_done(cell.cell_id, outcome.status)
     logger = get_run_logger()
     s = outcome.summary
-    if outcome.status == "ok":
+    if outcome.status == "ok" and s.requests and s.latency_s and s.latency_s.ttft and s.latency_s.tpot:
         logger.info(
             "%s: %d/%d ok, %.1f tok/s, TTFT p50 %.3f s, TPOT p50 %s",
             cell.cell_id,
-            s["requests"]["ok"],
-            s["requests"]["total"],
-            s["output_throughput_tok_s"] or 0,
-            s["latency_s"]["ttft"]["p50"] or 0,
-            s["latency_s"]["tpot"]["p50"],
+            s.requests.ok,
+            s.requests.total,
+            s.output_throughput_tok_s or 0,
+            s.latency_s.ttft.p50 or 0,
+            s.latency_s.tpot.p50,
         )
-    else:
-        logger.error("%s failed: %s", cell.cell_id, s.get("error"))
+    elif outcome.status != "ok":
+        logger.error("%s failed: %s", cell.cell_id, s.error)
     return outcome
 
 

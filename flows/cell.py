@@ -13,6 +13,7 @@ from typing import Any  # noqa: E402
 
 from prefect import flow, get_run_logger  # noqa: E402
 
+from artifacts import ids, layout  # noqa: E402
 from blocks import resolve_launcher_config  # noqa: E402
 from experiments.plan import CellPlan, resolve_repo_path  # noqa: E402
 from experiments.spec import SLO, EndpointLaunchSpec, LoadSpec, Sampling, TargetSpec, Variant  # noqa: E402
@@ -49,12 +50,12 @@ def cell(
         TargetSpec(model=model, served_model_name=model),
         Variant(name=variant),
         deployment_id=deployment_id,
-        directory=directory / "deployments" / deployment_id,
+        directory=layout.deployment_dir(directory, deployment_id),
     )
     wait_ready(deployment, launcher, timeout_s=120)
     mode = "open" if rate else "closed"
     plan = CellPlan(
-        cell_id=f"{variant}.r0.{stratum}." + (f"rate{rate:g}" if rate else f"c{concurrency}"),
+        cell_id=ids.cell_id(variant, 0, stratum, ids.load_label(mode, concurrency, rate)),
         workload=stratum,
         mode=mode,
         concurrency=None if rate else concurrency,
@@ -83,5 +84,5 @@ def cell(
         "cell_id": outcome.cell_id,
         "status": outcome.status,
         "path": str(outcome.path),
-        "summary": outcome.summary,
+        "summary": outcome.summary.model_dump(mode="json"),
     }

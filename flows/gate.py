@@ -9,14 +9,14 @@ from specgauge.prefect_env import configure
 
 configure()
 
-import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.artifacts import read_json  # noqa: E402
+from artifacts import layout  # noqa: E402
+from artifacts.store import read_json  # noqa: E402
 from tasks.capture import load_capture  # noqa: E402
 from tasks.gate import GateRefusal, compare, gate, verdict_id_for, write_verdict  # noqa: E402
 
@@ -42,12 +42,12 @@ def gate_pairs(campaign: dict[str, Any]) -> tuple[str, list[tuple[str, str]], li
 def gate_variant(
     directory: Path, base: str, treatment: str, controls: list[tuple[str, str]]
 ) -> dict[str, Any]:
-    captures_dir = directory / "captures"
+    captures_dir = layout.captures_dir(directory)
     plain = load_capture(captures_dir / base)
     pairs = [(load_capture(captures_dir / a), load_capture(captures_dir / b)) for a, b in controls]
     spec = load_capture(captures_dir / treatment)
     verdict_id = verdict_id_for(compare(plain, spec), [compare(a, b) for a, b in pairs], 0.05)
-    existing = directory / "gates" / f"{verdict_id}.json"
+    existing = layout.verdict_file(directory, verdict_id)
     if existing.exists():  # a re-run: the verdict is an immutable artifact already
         data = read_json(existing)
         return {
@@ -71,9 +71,9 @@ def gate_campaign(campaign_id: str, directory: str) -> list[dict[str, Any]]:
     """Gate every speculative variant of a campaign whose captures exist; refusals are logged, not fatal."""
     logger = get_run_logger()
     root = Path(directory)
-    campaign = json.loads((root / "campaign.json").read_text())
+    campaign = read_json(layout.campaign_file(root))
     base, treatments, controls = gate_pairs(campaign)
-    present = {p.name for p in (root / "captures").iterdir()} if (root / "captures").exists() else set()
+    present = {p.name for p in layout.subdirs(layout.captures_dir(root))}
     controls = [(a, b) for a, b in controls if a in present and b in present]
     verdicts = []
     for variant, capture_id in treatments:

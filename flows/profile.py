@@ -12,23 +12,24 @@ from typing import Any  # noqa: E402
 
 from prefect import flow, get_run_logger  # noqa: E402
 
+from artifacts import layout  # noqa: E402
+from artifacts.store import read_json  # noqa: E402
 from experiments.plan import resolve_repo_path  # noqa: E402
-from tasks.artifacts import read_json  # noqa: E402
 from tasks.profile.run import profile_variant  # noqa: E402
 from tasks.profile.window import WindowPlan  # noqa: E402
 
 
 def earlier_profile(campaign_dir: Path, variant: str) -> dict[str, Any] | None:
     """The latest ok profile of `variant` in a campaign, as the flow's summary, or None (a re-run resumes)."""
-    for path in sorted((campaign_dir / "profiles").glob(f"{variant}.*"), reverse=True):
-        meta = read_json(path / "meta.json") if (path / "meta.json").exists() else {}
-        if meta.get("status") == "ok" and (path / "breakdown.json").exists():
+    for path in sorted(layout.profiles_dir(campaign_dir).glob(f"{variant}.*"), reverse=True):
+        meta = read_json(path / layout.META) if (path / layout.META).exists() else {}
+        if meta.get("status") == "ok" and (path / layout.BREAKDOWN).exists():
             return {
                 "variant": variant,
                 "path": str(path),
                 "status": "ok",
                 "error": None,
-                "shares": read_json(path / "breakdown.json").get("shares"),
+                "shares": read_json(path / layout.BREAKDOWN).get("shares"),
             }
     return None
 

@@ -10,25 +10,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from artifacts import layout
+from artifacts.documents import CampaignRecord, CellSummary, RunRecord
+from artifacts.store import read_document, read_json, write_json_atomic
 from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan
 from experiments.spec import ExperimentSpec
 from specgauge.provenance import host_facts, tool_facts, utc_now, utc_stamp
 from specgauge.settings import get_settings
-from tasks.artifacts import cell_attempts, cell_is_complete_ok, read_json, write_json_atomic
 
 
 def campaign_dir(campaign_id: str, raw_dir: Path | None = None) -> Path:
-    return (raw_dir or get_settings().raw_dir) / campaign_id
+    return layout.campaign_dir(raw_dir or get_settings().raw_dir, campaign_id)
 
 
 def record_campaign(plan: CampaignPlan, spec: ExperimentSpec, raw_dir: Path | None = None) -> Path:
     """Write campaign.json once; a re-run of the same campaign finds it and leaves it alone."""
     directory = campaign_dir(plan.campaign_id, raw_dir)
-    path = directory / "campaign.json"
+    path = layout.campaign_file(directory)
     if path.exists():
         return directory
-    write_json_atomic(
-        path,
+    record = CampaignRecord.model_validate(
         {
             "campaign_id": plan.campaign_id,
             "name": spec.name,
@@ -51,8 +52,9 @@ def record_campaign(plan: CampaignPlan, spec: ExperimentSpec, raw_dir: Path | No
             "created_utc": utc_now(),
             "tool": tool_facts(),
             "host": host_facts(),
-        },
+        }
     )
+    write_json_atomic(path, record)
     return directory
 
 
@@ -61,24 +63,33 @@ def record_run(directory: Path, record: dict[str, Any]) -> Path:
     # Names sort in run order; the counter keeps two runs of one process within one second apart.
     stem = f"{utc_stamp()}-{os.getpid()}"
     number = 1
-    while (path := directory / "runs" / f"{stem}-{number:02d}.json").exists():
+    while (path := layout.run_file(directory, f"{stem}-{number:02d}")).exists():
         number += 1
-    write_json_atomic(path, {**record, "tool": tool_facts(), "host": host_facts()})
+    write_json_atomic(path, RunRecord.model_validate({**record, "tool": tool_facts(), "host": host_facts()}))
     return path
 
 
 def cells_dir(directory: Path) -> Path:
-    return directory / "cells"
+    return layout.cells_dir(directory)
+
+
+def cell_is_complete_ok(path: Path) -> bool:
+    """A cell attempt that needs no re-run: every file present and its summary says ok."""
+    if not all((path / name).exists() for name in layout.CELL_FILES):
+        return False
+    try:
+        return read_document(path / layout.SUMMARY, CellSummary).status == "ok"
+    except (OSError, ValueError):  # unreadable, not JSON, not a summary (ValidationError is a ValueError)
+        return False
 
 
 def cell_done(directory: Path, cell: CellPlan) -> bool:
-    attempts = cell_attempts(cells_dir(directory), cell.cell_id)
+    attempts = layout.cell_attempts(cells_dir(directory), cell.cell_id)
     return bool(attempts) and cell_is_complete_ok(attempts[-1])
 
 
 def capture_done(directory: Path, capture_id: str) -> bool:
-    path = directory / "captures" / capture_id
-    return (path / "meta.json").exists() and (path / "outputs.parquet").exists()
+    return layout.capture_complete(layout.capture_dir(directory, capture_id))
 
 
 def deployment_done(directory: Path, deployment: DeploymentPlan) -> bool:
@@ -89,17 +100,12 @@ def deployment_done(directory: Path, deployment: DeploymentPlan) -> bool:
 
 def next_launch_id(directory: Path, slot: str) -> str:
     """Each launch of a deployment slot gets its own id (slot.l1, slot.l2, ...): directories stay immutable."""
-    base = directory / "deployments"
-    n = 1
-    while (base / f"{slot}.l{n}").exists():
-        n += 1
-    return f"{slot}.l{n}"
+    return layout.next_launch_id(directory, slot)
 
 
 def latest_campaigns(raw_dir: Path | None = None) -> list[dict[str, Any]]:
-    root = raw_dir or get_settings().raw_dir
     found = []
-    for path in root.glob("*/campaign.json") if root.exists() else []:
+    for path in layout.campaign_files(raw_dir or get_settings().raw_dir):
         try:
             found.append(read_json(path))
         except (OSError, ValueError):
@@ -111,7 +117,7 @@ def headline_rows(directory: Path, plan: CampaignPlan) -> list[dict[str, Any]]:
     """One row per planned cell with its latest attempt's headline figures (for tables and artifacts)."""
     rows = []
     for slot, cell in plan.cells():
-        attempts = cell_attempts(cells_dir(directory), cell.cell_id)
+        attempts = layout.cell_attempts(cells_dir(directory), cell.cell_id)
         if not attempts:
             rows.append(
                 {
@@ -123,21 +129,21 @@ def headline_rows(directory: Path, plan: CampaignPlan) -> list[dict[str, Any]]:
                 }
             )
             continue
-        summary = read_json(attempts[-1] / "summary.json")
-        spec = summary.get("speculation") or {}
+        summary = read_document(attempts[-1] / layout.SUMMARY, CellSummary)
+        counts, latency, spec = summary.requests, summary.latency_s, summary.speculation
         rows.append(
             {
                 "variant": slot.variant.name,
                 "repeat": slot.repeat,
                 "workload": cell.workload,
                 "load": cell.load_label,
-                "status": summary["status"],
-                "ok": f"{summary['requests']['ok']}/{summary['requests']['total']}",
-                "tok/s": _fmt(summary.get("output_throughput_tok_s")),
-                "TTFT p50 s": _fmt(summary["latency_s"]["ttft"]["p50"], 3),
-                "TPOT p50 s": _fmt(summary["latency_s"]["tpot"]["p50"], 4),
-                "acceptance": _fmt(spec.get("acceptance_rate"), 3),
-                "mean acc. len": _fmt(spec.get("mean_acceptance_length"), 2),
+                "status": summary.status,
+                "ok": f"{counts.ok}/{counts.total}" if counts else "",
+                "tok/s": _fmt(summary.output_throughput_tok_s),
+                "TTFT p50 s": _fmt(latency.ttft.p50 if latency and latency.ttft else None, 3),
+                "TPOT p50 s": _fmt(latency.tpot.p50 if latency and latency.tpot else None, 4),
+                "acceptance": _fmt(spec.acceptance_rate if spec else None, 3),
+                "mean acc. len": _fmt(spec.mean_acceptance_length if spec else None, 2),
             }
         )
     return rows

@@ -5,8 +5,8 @@ no batching with other requests changes the numerics, with temperature 0 and a f
 keeps its text, its token ids (when the server returns them), finish reason and usage, and a failed
 request is kept as a failed row with its reason. The artifact, written once:
 
-    RAW/<campaign>/captures/<capture_id>/meta.json       who, what, how (sampling, prompts and their hashes)
-    RAW/<campaign>/captures/<capture_id>/outputs.parquet  one row per prompt, OUTPUT_SCHEMA
+    RAW/<campaign>/captures/<capture_id>/meta.json       who, what, how (artifacts.documents.CaptureMeta)
+    RAW/<campaign>/captures/<capture_id>/outputs.parquet  one row per prompt, artifacts.documents.OUTPUT_SCHEMA
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import Any
 
 import polars as pl
 
+from artifacts import layout
+from artifacts.documents import OUTPUT_SCHEMA, CaptureMeta
+from artifacts.store import atomic_dir, read_json, write_json
 from experiments.spec import Sampling
 from specgauge.errors import ArtifactError, InputError, MetricsError
 from specgauge.provenance import host_facts, tool_facts, utc_now
-from tasks.artifacts import atomic_dir, read_json, write_json
 from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
 from tasks.load.records import RequestRecord
@@ -33,18 +35,6 @@ from tasks.metrics.prometheus import ascrape, spec_decode_delta
 from workloads.schema import Corpus, Prompt
 
 CAPTURE_FORMAT = 1
-
-OUTPUT_SCHEMA: dict[str, pl.DataType] = {
-    "prompt_id": pl.String(),
-    "workload": pl.String(),
-    "ok": pl.Boolean(),
-    "error": pl.String(),
-    "text": pl.String(),
-    "token_ids": pl.List(pl.Int64()),
-    "finish_reason": pl.String(),
-    "prompt_tokens": pl.Int64(),
-    "completion_tokens": pl.Int64(),
-}
 
 META_REQUIRED = ("capture_id", "campaign_id", "deployment_id", "variant", "prompt_ids", "sampling")
 
@@ -123,7 +113,7 @@ class Capture:
 def load_capture(path: Path | str) -> Capture:
     """Read a capture directory; ArtifactError names the file and what is wrong with it."""
     path = Path(path)
-    meta_path, outputs_path = path / "meta.json", path / "outputs.parquet"
+    meta_path, outputs_path = path / layout.META, path / layout.OUTPUTS
     for needed in (meta_path, outputs_path):
         if not needed.is_file():
             raise ArtifactError(f"{needed}: missing: {path} is not a complete capture directory")
@@ -206,14 +196,17 @@ def outputs_frame(records: list[RequestRecord]) -> pl.DataFrame:
     return pl.DataFrame([output_row(r) for r in records], schema=OUTPUT_SCHEMA, orient="row")
 
 
-def write_capture_artifact(final: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+def write_capture_artifact(
+    final: Path, meta: CaptureMeta | dict[str, Any], rows: list[dict[str, Any]]
+) -> Path:
     """Write a capture directory once, atomically (meta.json + outputs.parquet, OUTPUT_SCHEMA rows)."""
+    meta = meta if isinstance(meta, CaptureMeta) else CaptureMeta.model_validate(meta)
     frame = pl.DataFrame(rows, schema=OUTPUT_SCHEMA, orient="row")
-    if frame["prompt_id"].to_list() != list(meta["prompt_ids"]):
+    if frame["prompt_id"].to_list() != list(meta.prompt_ids or ()):
         raise ArtifactError(f"{final}: rows do not follow meta's prompt_ids")
     with atomic_dir(final) as tmp:
-        write_json(tmp / "meta.json", meta)
-        frame.write_parquet(tmp / "outputs.parquet")
+        write_json(tmp / layout.META, meta)
+        frame.write_parquet(tmp / layout.OUTPUTS)
     return final
 
 
@@ -271,7 +264,7 @@ async def capture_async(
 ) -> Path:
     """The async body of `capture` (for callers already inside an event loop)."""
     check_sampling(sampling, allow_sampling=allow_sampling)
-    final = Path(raw_campaign_dir) / "captures" / capture_id
+    final = layout.capture_dir(raw_campaign_dir, capture_id)
     if final.exists():
         raise ArtifactError(f"capture {final} exists: raw artifacts are never overwritten")
     prompts = list(corpus.prompts[:limit] if limit else corpus.prompts)
@@ -315,37 +308,39 @@ async def capture_async(
                 "tokens: ids dropped, compared on characters"
             )
             record.token_ids = None
-    meta = {
-        "format": CAPTURE_FORMAT,
-        "capture_id": capture_id,
-        "campaign_id": campaign_id,
-        "deployment_id": deployment.id,
-        "variant": deployment.variant.model_dump(mode="json"),
-        "corpus": {"file": corpus.path, "sha256": corpus.sha256},
-        "prompt_ids": [p.id for p in prompts],
-        "prompt_sha256": {
-            p.id: prompt_sha256(p, effective_max_tokens(p, sampling, max_tokens)) for p in prompts
-        },
-        "sampling": sampling.model_dump(mode="json"),
-        "max_tokens": max_tokens,
-        "greedy": sampling.greedy,
-        "endpoint": "chat",
-        "sequential": True,
-        "requests": {
-            "total": len(records),
-            "ok": sum(r.ok for r in records),
-            "failed": sum(not r.ok for r in records),
-            "with_token_ids": sum(r.token_ids is not None for r in records),
-        },
-        "warnings": warnings,
-        "speculation": speculation,
-        "deployment": deployment.to_json(),
-        "tool": tool_facts(),
-        "host": host_facts(),
-        "started_utc": started_utc,
-        "ended_utc": utc_now(),
-        "wall_s": round(wall_s, 3),
-    }
+    meta = CaptureMeta.model_validate(
+        {
+            "format": CAPTURE_FORMAT,
+            "capture_id": capture_id,
+            "campaign_id": campaign_id,
+            "deployment_id": deployment.id,
+            "variant": deployment.variant.model_dump(mode="json"),
+            "corpus": {"file": corpus.path, "sha256": corpus.sha256},
+            "prompt_ids": [p.id for p in prompts],
+            "prompt_sha256": {
+                p.id: prompt_sha256(p, effective_max_tokens(p, sampling, max_tokens)) for p in prompts
+            },
+            "sampling": sampling.model_dump(mode="json"),
+            "max_tokens": max_tokens,
+            "greedy": sampling.greedy,
+            "endpoint": "chat",
+            "sequential": True,
+            "requests": {
+                "total": len(records),
+                "ok": sum(r.ok for r in records),
+                "failed": sum(not r.ok for r in records),
+                "with_token_ids": sum(r.token_ids is not None for r in records),
+            },
+            "warnings": warnings,
+            "speculation": speculation,
+            "deployment": deployment.to_json(),
+            "tool": tool_facts(),
+            "host": host_facts(),
+            "started_utc": started_utc,
+            "ended_utc": utc_now(),
+            "wall_s": round(wall_s, 3),
+        }
+    )
     return write_capture_artifact(final, meta, [output_row(r) for r in records])
 
 

@@ -17,16 +17,18 @@ from typing import Any
 import httpx
 import polars as pl
 
+from artifacts import ids, layout
+from artifacts.documents import GAUGE_SCHEMA, CellMeta, CellSummary
+from artifacts.store import atomic_dir, write_json
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling
 from specgauge.errors import CounterReset, MetricsError
 from specgauge.provenance import host_facts, tool_facts, utc_now
-from tasks.artifacts import atomic_dir, next_cell_dir, write_json
 from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
 from tasks.load.records import RequestRecord, records_frame
 from tasks.load.runner import LoadPlan, run_load
-from tasks.metrics.gauges import GAUGE_SCHEMA, GaugeSampler
+from tasks.metrics.gauges import GaugeSampler
 from tasks.metrics.prometheus import ascrape, counter_delta, has_spec_decode, spec_decode_delta
 from tasks.metrics.summary import summarize_cell
 from workloads.schema import Corpus, Prompt
@@ -39,7 +41,7 @@ class CellOutcome:
     cell_id: str
     path: Path
     status: str  # "ok" or "failed"
-    summary: dict[str, Any]
+    summary: CellSummary  # what summary.json holds
 
 
 def load_plan(cell: CellPlan, load: LoadSpec, seed: int) -> LoadPlan:
@@ -258,68 +260,72 @@ def run_cell(
         gauges=gauges,
         slo=slo,
         measured_window=measured,
+        gauge_scrape_failures=gauge_failures,
     )
-    n_measured = summary["requests"]["total"]
-    if error is None and n_measured and summary["requests"]["ok"] == 0:
+    counts = summary.requests
+    assert counts is not None  # summarize_cell always counts
+    if error is None and counts.total and counts.ok == 0:
         error = "every measured request failed: " + ", ".join(
-            f"{k}={v}" for k, v in summary["requests"]["errors"].items()
+            f"{k}={v}" for k, v in (counts.errors or {}).items()
         )
     if server_problems:
         # Without both /metrics scrapes the cell's server-side figures (speculation, token cross-check) are
         # missing or wrong: the cell is failed (design.md), its request records are kept.
-        summary["server_valid"] = False
-        summary["server_problem"] = "; ".join(server_problems)
+        summary.server_valid = False
+        summary.server_problem = "; ".join(server_problems)
         restarted = [p for p in server_problems if "counter reset" in p]
         if error is None and restarted:
             error = "the server restarted during the cell (a counter went down): " + restarted[0]
         elif error is None:
             error = "the server's /metrics could not be used: " + "; ".join(server_problems)
-    summary["status"] = "failed" if error else "ok"
-    summary["error"] = error
-    summary["gauge_scrape_failures"] = gauge_failures
+    summary.status = "failed" if error else "ok"
+    summary.error = error
 
-    meta = {
-        "cell_id": cell.cell_id,
-        "campaign_id": campaign_id,
-        "deployment_id": deployment.id,
-        "variant": deployment.variant.model_dump(mode="json"),
-        "repeat": repeat,
-        "workload": {
-            "file": corpus.path,
-            "sha256": corpus.sha256,
-            "stratum": cell.workload,
-            "prompt_ids": [p.id for p in prompts],
-        },
-        "load": {
-            "mode": cell.mode,
-            "concurrency": cell.concurrency,
-            "rate": cell.rate,
-            "arrival": load.arrival,
-            "requests": load.requests,
-            "warmup": load.warmup,
-            "time_cap_s": load.time_cap_s,
-            "request_timeout_s": load.request_timeout_s,
-            "seed": seed,
-        },
-        "sampling": sampling.model_dump(mode="json"),
-        "endpoint": "chat",
-        "deployment": deployment.to_json(),
-        "tool": tool_facts(),
-        "host": host_facts(),
-        "t0_utc": result.t0_utc if result is not None else started,
-        "started_utc": started,
-        "ended_utc": utc_now(),
-        "capped": bool(result.capped) if result is not None else None,
-    }
-    final = next_cell_dir(cells_dir, cell.cell_id)
-    meta["attempt"] = int(final.name.rsplit(".a", 1)[1])
+    final = layout.next_cell_dir(cells_dir, cell.cell_id)
+    _, attempt = ids.parse_attempt_name(final.name)  # type: ignore[misc]
+    meta = CellMeta.model_validate(
+        {
+            "cell_id": cell.cell_id,
+            "campaign_id": campaign_id,
+            "deployment_id": deployment.id,
+            "variant": deployment.variant.model_dump(mode="json"),
+            "repeat": repeat,
+            "workload": {
+                "file": corpus.path,
+                "sha256": corpus.sha256,
+                "stratum": cell.workload,
+                "prompt_ids": [p.id for p in prompts],
+            },
+            "load": {
+                "mode": cell.mode,
+                "concurrency": cell.concurrency,
+                "rate": cell.rate,
+                "arrival": load.arrival,
+                "requests": load.requests,
+                "warmup": load.warmup,
+                "time_cap_s": load.time_cap_s,
+                "request_timeout_s": load.request_timeout_s,
+                "seed": seed,
+            },
+            "sampling": sampling.model_dump(mode="json"),
+            "endpoint": "chat",
+            "deployment": deployment.to_json(),
+            "tool": tool_facts(),
+            "host": host_facts(),
+            "t0_utc": result.t0_utc if result is not None else started,
+            "started_utc": started,
+            "ended_utc": utc_now(),
+            "capped": bool(result.capped) if result is not None else None,
+            "attempt": attempt,
+        }
+    )
     with atomic_dir(final) as tmp:
-        write_json(tmp / "meta.json", meta)
-        write_json(tmp / "summary.json", summary)
-        frame.write_parquet(tmp / "requests.parquet")
-        gauges.write_parquet(tmp / "gauges.parquet")
-        (tmp / "metrics_before.txt").write_text(window.before or "")
-        (tmp / "metrics_after.txt").write_text(window.after or "")
+        write_json(tmp / layout.META, meta)
+        write_json(tmp / layout.SUMMARY, summary)
+        frame.write_parquet(tmp / layout.REQUESTS)
+        gauges.write_parquet(tmp / layout.GAUGES)
+        (tmp / layout.METRICS_BEFORE).write_text(window.before or "")
+        (tmp / layout.METRICS_AFTER).write_text(window.after or "")
     if interrupted is not None:
         raise interrupted
-    return CellOutcome(cell_id=cell.cell_id, path=final, status=summary["status"], summary=summary)
+    return CellOutcome(cell_id=cell.cell_id, path=final, status=summary.status, summary=summary)

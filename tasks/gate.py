@@ -27,9 +27,11 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein, Prefix
 from scipy.stats import binomtest, permutation_test
 
+from artifacts import ids, layout
+from artifacts.documents import GateVerdictDocument
+from artifacts.store import write_json_atomic
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now
-from tasks.artifacts import write_json_atomic
 from tasks.capture import Capture, Output, load_capture
 
 GATE_FORMAT = 1
@@ -609,7 +611,7 @@ def verdict_id_for(treatment: Comparison, controls: Sequence[Comparison], alpha:
         "alpha": alpha,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{treatment.b.variant_name}.{digest}"
+    return ids.verdict_id(treatment.b.variant_name, digest)
 
 
 def _pct(x: float | None) -> str:
@@ -780,6 +782,6 @@ def gate(
 
 def write_verdict(verdict: Verdict, raw_campaign_dir: Path) -> Path:
     """Store the verdict as the immutable artifact RAW/<campaign>/gates/<verdict_id>.json."""
-    path = Path(raw_campaign_dir) / "gates" / f"{verdict.verdict_id}.json"
-    write_json_atomic(path, verdict.to_json())
+    path = layout.verdict_file(raw_campaign_dir, verdict.verdict_id)
+    write_json_atomic(path, GateVerdictDocument.model_validate(verdict.to_json()))
     return path

@@ -10,7 +10,6 @@ import pytest
 from analysis_fixtures import CHROMIUM, Chromium, PlantedBuilder, pixel_spread, profile
 from warehouse_fixtures import make_spec
 
-import warehouse.ingest_profile  # noqa: F401  (registers the profile kind)
 from analysis.data import AnalysisSettings
 from analysis.report import external_references
 from analysis.run import analyze_campaign

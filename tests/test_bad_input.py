@@ -490,7 +490,7 @@ def test_prompts_longer_than_the_context_on_the_real_engine(engines, tmp_path: P
         slo=SLO(),
         cells_dir=tmp_path / "cells",
     )
-    error = outcome.summary["error"]
+    error = outcome.summary.error
     rows = pl.read_parquet(outcome.path / "requests.parquet").height
     assert outcome.status == "failed" and rows == 0
     assert "2 of 3 prompts do not fit the model's context" in error

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from artifacts.layout import cell_attempts
 from specgauge.errors import SpecError
-from tasks.artifacts import cell_attempts
 from warehouse.db import reader
 
 REPO = Path(__file__).resolve().parent.parent

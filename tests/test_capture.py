@@ -168,10 +168,11 @@ def test_capture_artifact_on_the_engine(real: dict[str, Path], campaign_spec: Pa
 
     # the warehouse ingests the artifact as written (its captures/capture_outputs tables)
     from warehouse.db import writer
-    from warehouse.ingest import ingest_capture
+    from warehouse.ingest import ingest_path
+    from warehouse.kinds import captures
 
     with writer(tmp_path / "warehouse.duckdb") as con:
-        outcome = ingest_capture(con, real["plain.r0"])
+        outcome = ingest_path(con, captures.KIND, real["plain.r0"])
         stored = con.execute("SELECT outputs, outputs_ok FROM captures").fetchall()
     assert outcome.action == "inserted", outcome.message
     assert stored == [(36, 36)]

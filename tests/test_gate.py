@@ -444,8 +444,8 @@ def test_cli_capture_compare(tmp_path: Path, base: Outputs) -> None:
 
 def test_verdicts_land_in_v_gate_once(tmp_path: Path, base: Outputs, envelope: dict[str, Path]) -> None:
     from warehouse.db import writer
-    from warehouse.ingest import ingest_raw
-    from warehouse.ingest_gate import ingest_gates
+    from warehouse.ingest import ingest_found, ingest_raw
+    from warehouse.kinds import gates
 
     raw_campaign = tmp_path / "raw" / "synthetic-00000000"
     spec_dir = write(tmp_path, "spec", base, deployment_id="d.ngram.r1", variant="ngram-k3", port=8002)
@@ -457,7 +457,7 @@ def test_verdicts_land_in_v_gate_once(tmp_path: Path, base: Outputs, envelope: d
     walked = ingest_raw(tmp_path / "raw", db)  # the warehouse's own walk finds gates/*.json
     assert [o.action for o in walked.outcomes if o.kind == "gate"] == ["inserted", "inserted"]
     with writer(db) as con:
-        again = ingest_gates(con, raw_campaign)
+        again = ingest_found(con, gates.KIND, raw_campaign)
         rows = con.execute(
             "SELECT treatment_variant, passed, verdict, control_pairs, failed_checks FROM v_gate "
             "ORDER BY treatment_variant"
@@ -476,7 +476,8 @@ def test_verdicts_land_in_v_gate_once(tmp_path: Path, base: Outputs, envelope: d
 
 def test_a_tampered_verdict_is_quarantined(tmp_path: Path, base: Outputs, envelope: dict[str, Path]) -> None:
     from warehouse.db import writer
-    from warehouse.ingest_gate import ingest_gates
+    from warehouse.ingest import ingest_found
+    from warehouse.kinds import gates
 
     raw_campaign = tmp_path / "raw" / "synthetic-00000000"
     lossy = {pid: diverge(ids, 0) for pid, ids in base.items()}
@@ -487,7 +488,7 @@ def test_a_tampered_verdict_is_quarantined(tmp_path: Path, base: Outputs, envelo
     path.chmod(0o644)
     path.write_text(json.dumps(data))
     with writer(tmp_path / "warehouse.duckdb") as con:
-        (outcome,) = ingest_gates(con, raw_campaign)
+        (outcome,) = ingest_found(con, gates.KIND, raw_campaign)
         stored = con.execute("SELECT count(*) FROM gate_verdicts").fetchone()
     assert outcome.action == "quarantined" and "passed" in outcome.message
     assert stored == (0,)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import warehouse.ingest_profile  # noqa: F401  (registers the profile kind)
 from tasks.profile.breakdown import counters_from_metrics
 from tasks.profile.torch_trace import analyze_trace
 from tasks.profile.window import write_profile_artifact

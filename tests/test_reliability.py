@@ -42,13 +42,13 @@ from reliability_support import (
     write_spec,
 )
 
+from artifacts.store import write_json_atomic
 from experiments.plan import CellPlan, plan_campaign
 from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
 from specgauge import progress
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
 from tasks import campaign as campaign_state
-from tasks.artifacts import write_json_atomic
 from tasks.cell import run_cell
 from tasks.launch.base import Deployment
 from workloads.schema import load_corpus
@@ -303,18 +303,18 @@ def test_metrics_unreachable_fails_the_cell_naming_the_url(emulator, tmp_path, o
             slo=SLO(),
             cells_dir=tmp_path / "cells",
         )
-    summary = outcome.summary
+    summary = outcome.summary.model_dump(mode="json")
     rows = pl.read_parquet(outcome.path / "requests.parquet").height
     assert outcome.status == "failed" and closed in summary["error"]
     assert "ConnectError" in summary["error"] and summary["server_valid"] is False
     assert summary["requests"]["ok"] == 4 and rows == 5
-    assert summary["gauge_scrape_failures"] >= 1
+    assert summary["gauges"]["scrape_failures"] >= 1
     observe(
         "/metrics unreachable",
         done="a cell whose metrics URL refuses connections (the completions endpoint works)",
         expected="the cell is recorded failed with the reason naming the URL; request records kept",
         observed=f"cell {outcome.status}: {summary['error'][:150]}...; {rows} records kept; "
-        f"{summary['gauge_scrape_failures']} gauge scrapes failed and were counted",
+        f"{summary['gauges']['scrape_failures']} gauge scrapes failed and were counted",
         records_lost=5 - rows,
         leaked=0,
     )

@@ -131,11 +131,11 @@ def test_ssh_connection_dropped_mid_cell(no_leftover_jobs, standin, tmp_path, ob
         slurm.teardown(deployment)
     frame = pl.read_parquet(outcome.path / "requests.parquet")
     left = wait_no_standin(standin)
-    errors = outcome.summary["requests"]["errors"]
+    errors = outcome.summary.requests.errors
     assert dropped and "connection lost" in dropped[0]
     assert alive_after is True and reconnects >= 1
     assert frame.height == 9  # every request recorded, whatever happened to it
-    assert outcome.summary["requests"]["ok"] >= 6  # the tunnel reconnected: the cell went on
+    assert outcome.summary.requests.ok >= 6  # the tunnel reconnected: the cell went on
     assert deployment.job_id not in live_job_ids() and deployment.id not in ledger_ids() and left == []
     observe(
         "SSH connection dropped mid-campaign",
@@ -144,7 +144,7 @@ def test_ssh_connection_dropped_mid_cell(no_leftover_jobs, standin, tmp_path, ob
         expected="the session reconnects on its next use and the tunnel with it; requests caught by the drop "
         "fail classified, the rest succeed; the cell is recorded; teardown cancels the job",
         observed=f"drop seen as `{dropped[0][:80]}`; {reconnects} reconnect(s); cell {outcome.status}, "
-        f"{outcome.summary['requests']['ok']}/{outcome.summary['requests']['total']} ok, errors {errors or 'none'}; "
+        f"{outcome.summary.requests.ok}/{outcome.summary.requests.total} ok, errors {errors or 'none'}; "
         f"{frame.height}/9 records; job cancelled at teardown ({deployment.teardown})",
         records_lost=9 - frame.height,
         leaked=len(left) + int(deployment.id in ledger_ids()) + int(deployment.job_id in live_job_ids()),
@@ -225,7 +225,7 @@ def test_job_cancelled_from_outside_during_a_cell(no_leftover_jobs, standin, tmp
     frame = pl.read_parquet(outcome.path / "requests.parquet")
     left = wait_no_standin(standin)
     assert outcome.status == "failed" and frame.height == 21
-    assert outcome.summary["requests"]["ok"] >= 2 and outcome.summary["requests"]["failed"] >= 1
+    assert outcome.summary.requests.ok >= 2 and outcome.summary.requests.failed >= 1
     assert dead_after < 30 and f"job {deployment.job_id}: CANCELLED" in tail
     assert deployment.id not in ledger_ids() and left == []
     observe(
@@ -233,8 +233,8 @@ def test_job_cancelled_from_outside_during_a_cell(no_leftover_jobs, standin, tmp
         done="`scancel JOB` by hand after a cell's 4th request (20 measured requests of about 0.4 s)",
         expected="the remaining requests fail classified; the cell is recorded failed with every record; the "
         "launcher reports the job dead within seconds (the campaign then relaunches the slot), with its log",
-        observed=f"cell {outcome.status}: {outcome.summary['requests']['ok']} ok, errors "
-        f"{outcome.summary['requests']['errors']}, `{(outcome.summary['error'] or '')[:90]}`; {frame.height}/21 "
+        observed=f"cell {outcome.status}: {outcome.summary.requests.ok} ok, errors "
+        f"{outcome.summary.requests.errors}, `{(outcome.summary.error or '')[:90]}`; {frame.height}/21 "
         f"records; the cell ended {cell_ended - cancelled[0]:.1f} s after scancel; alive() False "
         f"{dead_after:.1f} s after scancel; log: `{tail.splitlines()[0][:60]}`",
         records_lost=21 - frame.height,

@@ -182,8 +182,8 @@ def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
             slo=SLO(),
             cells_dir=tmp_path / "cells",
         )
-        assert outcome.status == "ok", outcome.summary.get("error")
-        assert outcome.summary["requests"]["ok"] == 2 and outcome.summary["completion_tokens"] > 0
+        assert outcome.status == "ok", outcome.summary.error
+        assert outcome.summary.requests.ok == 2 and (outcome.summary.completion_tokens or 0) > 0
         meta = json.loads((outcome.path / "meta.json").read_text())
         assert meta["deployment"]["job_id"] == deployment.job_id and meta["deployment"]["launcher"] == "slurm"
     finally:

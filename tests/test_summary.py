@@ -100,7 +100,7 @@ def summarize(frame: pl.DataFrame | None = None, **kwargs) -> dict:
         "slo": SLO_,
         "measured_window": None,
     }
-    return summarize_cell(cell_frame() if frame is None else frame, **(args | kwargs))
+    return summarize_cell(cell_frame() if frame is None else frame, **(args | kwargs)).model_dump(mode="json")
 
 
 def test_distribution_is_numpy_linear() -> None:

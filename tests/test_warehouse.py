@@ -15,8 +15,7 @@ from warehouse_fixtures import DATA_TABLES, RawBuilder, make_spec
 
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
-from warehouse.models import MODELS
-from warehouse.raw import engine_settings
+from warehouse.kinds.deployments import engine_settings
 
 VIEWS = ("v_cells", "v_speedup", "v_acceptance", "v_acceptance_positions", "v_capacity")
 
@@ -584,16 +583,16 @@ def _note_kind(frames) -> ArtifactKind:
         key_column="note_key",
         discover=discover,
         frames=frames,
+        models={"notes": NoteModel},
         files=lambda ref: [f"{ref.name}.json"],
     )
 
 
-def test_another_module_can_add_an_artifact_kind(raw: RawBuilder, tmp_path: Path, monkeypatch) -> None:
+def test_another_module_can_add_an_artifact_kind(raw: RawBuilder, tmp_path: Path) -> None:
     notes = raw.campaign_dir / "notes"
     notes.mkdir()
     (notes / "a.json").write_text(json.dumps({"text": "first"}))
     (notes / "b.json").write_text(json.dumps({"text": ""}))  # fails the model: quarantined
-    monkeypatch.setitem(MODELS, "notes", NoteModel)
 
     def frames(ref: ArtifactRef, files, sha: str) -> dict:
         text = json.loads(files[f"{ref.name}.json"])["text"]

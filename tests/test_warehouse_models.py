@@ -13,7 +13,8 @@ import pytest
 from warehouse_fixtures import DATA_TABLES, RawBuilder, make_spec
 
 import warehouse.ingest as ingest
-from warehouse.models import MODELS, one_query
+from warehouse.kinds import MODELS
+from warehouse.models import one_query
 
 ROWS = 12  # enough for duplicates, few enough that each validation is pandera's fixed cost
 

@@ -1,6 +1,6 @@
 """Synthetic raw artifacts in exactly the documented layout (docs/design.md), for warehouse tests and the
-warehouse benchmark. Written with the project's own writers: experiments.plan (ids, variant order),
-tasks.campaign (campaign.json, run records), tasks.artifacts (atomic_dir, next_cell_dir, write_json),
+warehouse benchmark. Written with the project's own writers and contract: experiments.plan (ids, variant
+order), tasks.campaign (campaign.json, run records), artifacts (layout, store, documents),
 tasks.load.records.records_frame, tasks.launch.base.Deployment.
 
 Each variant has a known speed (VariantProfile), so tests can predict speedups; the summary figures are
@@ -18,15 +18,16 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from artifacts import ids, layout
+from artifacts.documents import GAUGE_SCHEMA, REQUEST_SCHEMA
+from artifacts.store import atomic_dir, write_json
 from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan, plan_campaign
 from experiments.spec import ExperimentSpec, parse_spec
 from specgauge.provenance import utc_now
-from tasks.artifacts import atomic_dir, next_cell_dir, write_json
 from tasks.campaign import record_campaign, record_run
 from tasks.launch.base import Deployment
 from tasks.launch.command import served_name, vllm_args
-from tasks.load.records import REQUEST_SCHEMA, RequestRecord, records_frame
-from tasks.metrics.gauges import GAUGE_SCHEMA
+from tasks.load.records import RequestRecord, records_frame
 
 
 def make_spec(
@@ -141,7 +142,7 @@ class RawBuilder:
     # ------------------------------------------------------------------------------------------ campaign
 
     def write_campaign(self) -> Path:
-        return record_campaign(self.plan, self.spec, self.raw_dir) / "campaign.json"
+        return layout.campaign_file(record_campaign(self.plan, self.spec, self.raw_dir))
 
     def write_run(self, failed_cells: dict[str, str] | None = None) -> Path:
         return record_run(
@@ -159,8 +160,8 @@ class RawBuilder:
 
     def deployment(self, slot: DeploymentPlan, launch: int = 1) -> Deployment:
         variant = slot.variant
-        deployment_id = f"{slot.deployment_id}.l{launch}"
-        directory = self.campaign_dir / "deployments" / deployment_id
+        deployment_id = ids.launch_id(slot.deployment_id, launch)
+        directory = layout.deployment_dir(self.campaign_dir, deployment_id)
         port = 8000 + slot.position
         command = [
             "/opt/engine/bin/python",
@@ -201,8 +202,8 @@ class RawBuilder:
         for key, value in changes.items():
             setattr(deployment, key, value)
         deployment.save()
-        (deployment.directory / "engine.log").write_text("INFO CPU KV cache size: 43,690 tokens\n")
-        (deployment.directory / "command.txt").write_text(" ".join(deployment.command) + "\n")
+        (deployment.directory / layout.ENGINE_LOG).write_text("INFO CPU KV cache size: 43,690 tokens\n")
+        (deployment.directory / layout.COMMAND_FILE).write_text(" ".join(deployment.command) + "\n")
         return deployment.directory
 
     # ---------------------------------------------------------------------------------------------- cells
@@ -420,9 +421,8 @@ class RawBuilder:
         mutate_meta: Callable[[dict[str, Any]], None] | None = None,
     ) -> Path:
         """The next attempt of one cell, in the layout of tasks/cell.py. `mutate_*` corrupt it on purpose."""
-        cells_dir = self.campaign_dir / "cells"
-        final = next_cell_dir(cells_dir, cell.cell_id)
-        attempt = int(final.name.rsplit(".a", 1)[1])
+        final = layout.next_cell_dir(layout.cells_dir(self.campaign_dir), cell.cell_id)
+        _, attempt = ids.parse_attempt_name(final.name)  # type: ignore[misc]
         variant = slot.variant.name
         digest = hashlib.sha256(f"{self.seed}/{final.name}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:4], "little"))
@@ -485,12 +485,12 @@ class RawBuilder:
         if mutate_meta is not None:
             mutate_meta(meta)
         with atomic_dir(final) as tmp:
-            write_json(tmp / "meta.json", meta)
-            write_json(tmp / "summary.json", summary)
-            requests.write_parquet(tmp / "requests.parquet")
-            gauges.write_parquet(tmp / "gauges.parquet")
-            (tmp / "metrics_before.txt").write_text("vllm:generation_tokens_total 0\n")
-            (tmp / "metrics_after.txt").write_text(
+            write_json(tmp / layout.META, meta)
+            write_json(tmp / layout.SUMMARY, summary)
+            requests.write_parquet(tmp / layout.REQUESTS)
+            gauges.write_parquet(tmp / layout.GAUGES)
+            (tmp / layout.METRICS_BEFORE).write_text("vllm:generation_tokens_total 0\n")
+            (tmp / layout.METRICS_AFTER).write_text(
                 f"vllm:generation_tokens_total {summary['completion_tokens']}\n"
             )
         return final
@@ -531,10 +531,11 @@ class RawBuilder:
             "started_utc": T0,
             "ended_utc": "2026-11-30T16:52:00.000Z",
         }
-        with atomic_dir(self.campaign_dir / "captures" / capture_id) as tmp:
-            write_json(tmp / "meta.json", meta)
-            outputs.write_parquet(tmp / "outputs.parquet")
-        return self.campaign_dir / "captures" / capture_id
+        final = layout.capture_dir(self.campaign_dir, capture_id)
+        with atomic_dir(final) as tmp:
+            write_json(tmp / layout.META, meta)
+            outputs.write_parquet(tmp / layout.OUTPUTS)
+        return final
 
     # ---------------------------------------------------------------------------------------- everything
 

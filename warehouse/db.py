@@ -32,9 +32,11 @@ from warehouse.lock import WRITER_LIMIT_NAME, WaitCallback, log, writer_lock
 
 __all__ = [
     "MIGRATIONS_DIR",
+    "VIEWS_FILE",
     "WRITER_LIMIT_NAME",
     "Migration",
     "applied_migrations",
+    "apply_views",
     "available_migrations",
     "connect",
     "default_path",
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+VIEWS_FILE = Path(__file__).resolve().parent / "views.sql"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_CONFLICT = re.compile(r"could not set lock|conflicting lock", re.IGNORECASE)
 
@@ -172,7 +175,8 @@ def migrate(
     con: duckdb.DuckDBPyConnection, *, directory: Path = MIGRATIONS_DIR, target: int | None = None
 ) -> list[Migration]:
     """Apply pending migrations in order (up to `target`, default all), each in its own transaction, and
-    record each in schema_migrations. Returns what was applied."""
+    record each in schema_migrations; then, at the project's head, the current views (apply_views). Returns
+    the migrations applied."""
     _ensure_migrations_table(con)
     done: list[Migration] = []
     for migration in pending_migrations(con, directory):
@@ -190,7 +194,30 @@ def migrate(
             con.execute("ROLLBACK")
             raise MigrationError(f"{migration.path}: {exc}") from None
         done.append(migration)
+    if Path(directory) == MIGRATIONS_DIR and not pending_migrations(con, directory):
+        apply_views(con)
     return done
+
+
+def apply_views(con: duckdb.DuckDBPyConnection, path: Path = VIEWS_FILE) -> bool:
+    """(Re)create the views of `path` when it differs from what this database last applied (its checksum
+    is kept in schema_views), in one transaction. Views are derived from the tables: replacing them loses
+    nothing, and a new column reaches a view by one line in views.sql. True when they were (re)created."""
+    sql = Path(path).read_text(encoding="utf-8")
+    checksum = hashlib.sha256(sql.encode()).hexdigest()
+    con.execute("CREATE TABLE IF NOT EXISTS schema_views (checksum VARCHAR NOT NULL, applied_utc TIMESTAMP)")
+    if con.execute("SELECT count(*) FROM schema_views WHERE checksum = ?", [checksum]).fetchone() == (1,):
+        return False
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(sql)
+        con.execute("DELETE FROM schema_views")
+        con.execute("INSERT INTO schema_views VALUES (?, now()::TIMESTAMP)", [checksum])
+        con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise MigrationError(f"{path}: {exc}") from None
+    return True
 
 
 # ------------------------------------------------------------------------------------------ writer, reader

@@ -1,10 +1,11 @@
 """Raw artifacts into the warehouse: idempotent, validated, never half-written.
 
-`ingest_raw(raw_dir, db_path)` walks RAW/<campaign_id>/ and hands each artifact to its kind (campaign,
-deployment, cell, capture; others register theirs with `register_kind`). For every artifact:
+`ingest_raw(raw_dir, db_path)` walks RAW/<campaign_id>/ and hands each artifact to its kind (the modules of
+warehouse.kinds, in the order of warehouse.kinds.KINDS). This module is the engine every kind shares; for
+every artifact:
 
 1. its key derives from its place in the raw tree (campaign_id, deployment_id, `<campaign_id>/<cell dir>`,
-   `<campaign_id>/<capture_id>`), its sha256 from its files (warehouse.raw.artifact_sha256);
+   `<campaign_id>/<capture_id>`), its sha256 from its files (warehouse.frames.artifact_sha256);
 2. the same key with the same hash already in the warehouse: skipped (ingesting twice changes nothing);
    the same key with another hash: an error for immutable artifacts (cells, captures), an update for the
    living records (campaign.json and deployment.json are rewritten as a campaign progresses);
@@ -23,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,70 +37,41 @@ import polars as pl
 import pyarrow as pa
 from pandera.polars import DataFrameModel
 
+from artifacts import layout
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
-from warehouse import raw
 from warehouse.db import default_path, replacing, writer
 from warehouse.errors import ArtifactInvalid
+from warehouse.frames import (
+    Files,
+    ParquetPart,
+    Part,
+    artifact_sha256,
+    read_files,
+    read_parquet_parts,
+    table_schema,
+    to_frame,
+)
+from warehouse.kinds import KINDS
+from warehouse.kinds.base import ArtifactKind, ArtifactRef
 from warehouse.lock import WaitCallback
-from warehouse.models import MODELS, one_query
+from warehouse.models import one_query
+
+__all__ = [
+    "ArtifactKind",
+    "ArtifactRef",
+    "IngestReport",
+    "Outcome",
+    "ingest_artifacts",
+    "ingest_found",
+    "ingest_path",
+    "ingest_raw",
+    "ingest_tree",
+    "rebuild",
+]
 
 # before_commit(kind, keys) runs inside a write transaction, right before COMMIT (tests inject crashes there).
 BeforeCommit = Callable[[str, list[str]], None]
-
-
-@dataclass(frozen=True)
-class ArtifactRef:
-    """One raw artifact found in the tree."""
-
-    kind: str
-    key: str
-    path: Path  # the artifact's directory (or its single file's directory)
-    source_path: str  # relative to the raw root, as recorded in the warehouse
-    campaign_id: str
-    name: str  # the artifact's own name: its directory (or file stem)
-
-
-@dataclass(frozen=True)
-class ArtifactKind:
-    """How to find, hash, read and store one kind of raw artifact.
-
-    `frames(ref, files, sha256)` returns {table: frame or list of row dicts} for the tables this artifact
-    fills; `table` gets its single main row (key column `key_column`, plus `sha256` and `source_path`), and
-    every table's rows carry `key_column`. Each table needs a pandera model in warehouse.models.MODELS.
-    """
-
-    name: str
-    table: str
-    key_column: str
-    discover: Callable[[Path, str], Iterable[ArtifactRef]]  # (campaign dir, raw root-relative prefix)
-    frames: Callable[[ArtifactRef, raw.Files, str], dict[str, raw.Part]]
-    child_tables: tuple[str, ...] = ()
-    immutable: bool = True
-    # The files hashed and read: names, a function of the ref giving names (several single-file artifacts
-    # in one folder), or None: every regular file in the artifact's directory.
-    files: tuple[str, ...] | Callable[[ArtifactRef], Sequence[str]] | None = None
-    order: int = 100
-
-
-KINDS: dict[str, ArtifactKind] = {}
-
-
-def register_kind(kind: ArtifactKind) -> ArtifactKind:
-    """Add (or replace) an artifact kind; its tables' pandera models go in warehouse.models.MODELS."""
-    KINDS[kind.name] = kind
-    return kind
-
-
-# Modules that register further kinds when imported (gate verdicts, profiles). Add yours here.
-KIND_MODULES: list[str] = ["warehouse.ingest_gate", "warehouse.ingest_profile"]
-
-
-def _load_kind_modules() -> None:
-    import importlib
-
-    for module in KIND_MODULES:
-        importlib.import_module(module)
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -202,13 +174,6 @@ def rebuild(
         return ingest_tree(con, raw_root, db_path=target)
 
 
-def campaign_dirs(raw_dir: Path) -> list[Path]:
-    """RAW/<campaign_id>/ folders; `raw_dir` itself when it is one campaign (has campaign.json)."""
-    if (raw_dir / "campaign.json").exists():
-        return [raw_dir]
-    return sorted(p for p in raw_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
 def ingest_tree(
     con: duckdb.DuckDBPyConnection,
     raw_dir: Path,
@@ -221,12 +186,10 @@ def ingest_tree(
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise ArtifactError(f"no raw artifacts at {raw_dir} (not a directory)")
-    _load_kind_modules()
     report = IngestReport(raw_dir=raw_dir, db_path=db_path or Path("?"), ingest_id=uuid.uuid4().hex[:12])
     started = time.perf_counter()
-    kinds = sorted(KINDS.values(), key=lambda k: (k.order, k.name))
-    for campaign_dir in campaign_dirs(raw_dir):
-        for kind in kinds:
+    for campaign_dir in layout.campaign_dirs(raw_dir):
+        for kind in KINDS:
             refs = list(kind.discover(campaign_dir, campaign_dir.name))
             report.outcomes += ingest_artifacts(
                 con,
@@ -248,7 +211,7 @@ def ingest_tree(
 class _Item:
     ref: ArtifactRef
     sha256: str
-    parts: dict[str, raw.Part]
+    parts: dict[str, Part]
     replacing: bool
     was_quarantined: bool
     started: float
@@ -257,7 +220,7 @@ class _Item:
 
     def __post_init__(self) -> None:
         for part in self.parts.values():
-            if isinstance(part, raw.ParquetPart):
+            if isinstance(part, ParquetPart):
                 self.size += part.size // 250  # about the rows of a requests file
             else:
                 self.size += part.height if isinstance(part, pl.DataFrame) else len(part)
@@ -343,7 +306,7 @@ def _prepared(
         sha: str | None = None
         try:
             files = _read(kind, ref)
-            sha = raw.artifact_sha256(files)
+            sha = artifact_sha256(files)
             if ref.key in known and known[ref.key] == sha:
                 batch.decided.append(Outcome(kind.name, ref.key, "skipped", source_path=ref.source_path))
                 continue
@@ -412,7 +375,7 @@ def _prefetch(batches: Iterator[_Batch]) -> Iterator[_Batch]:
         thread.join()
 
 
-def _frames(kind: ArtifactKind, ref: ArtifactRef, files: raw.Files, sha: str) -> dict[str, raw.Part]:
+def _frames(kind: ArtifactKind, ref: ArtifactRef, files: Files, sha: str) -> dict[str, Part]:
     try:
         return kind.frames(ref, files, sha)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
@@ -420,10 +383,10 @@ def _frames(kind: ArtifactKind, ref: ArtifactRef, files: raw.Files, sha: str) ->
         raise ArtifactInvalid(f"could not read it: {type(exc).__name__}: {exc}") from exc
 
 
-def _read(kind: ArtifactKind, ref: ArtifactRef) -> raw.Files:
+def _read(kind: ArtifactKind, ref: ArtifactRef) -> Files:
     try:
         names = kind.files(ref) if callable(kind.files) else kind.files
-        return raw.read_files(ref.path, names)
+        return read_files(ref.path, names)
     except FileNotFoundError:
         raise ArtifactInvalid("artifact directory vanished while reading") from None
 
@@ -461,15 +424,15 @@ def _validate_table(
 ) -> tuple[pl.DataFrame, dict[str, ArtifactInvalid]]:
     """One pandera call over the batch's rows for `table`. Failing rows are traced to their artifact by
     its key column; failures that name no row (a column of the wrong type) are found artifact by artifact."""
-    model = MODELS[table]
+    model = kind.models[table]
     bad: dict[str, ArtifactInvalid] = {}
     pieces: list[tuple[_Item, pl.DataFrame]] = []
-    on_disk = [i for i in items if isinstance(i.parts[table], raw.ParquetPart)]
-    parquet = raw.read_parquet_parts(table, [i.parts[table] for i in on_disk])
+    on_disk = [i for i in items if isinstance(i.parts[table], ParquetPart)]
+    parquet = read_parquet_parts(model, [i.parts[table] for i in on_disk])  # type: ignore[misc]
     read: dict[str, pl.DataFrame | ArtifactInvalid] = dict(
         zip((i.ref.key for i in on_disk), parquet.results, strict=True)
     )
-    read |= _rows_together(table, [i for i in items if isinstance(i.parts[table], list)])
+    read |= _rows_together(model, table, [i for i in items if isinstance(i.parts[table], list)])
     for item in items:
         if item.ref.key in read:
             result = read[item.ref.key]
@@ -479,14 +442,12 @@ def _validate_table(
                 pieces.append((item, result))
             continue
         try:
-            pieces.append((item, raw.to_frame(table, item.parts[table])))
+            pieces.append((item, to_frame(model, item.parts[table])))
         except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError) as exc:
-            bad[item.ref.key] = ArtifactInvalid(
-                f"cannot make rows: {exc}", file=_TABLE_FILES.get(table, table)
-            )
+            bad[item.ref.key] = ArtifactInvalid(f"cannot make rows: {exc}", file=kind.source(table))
     pieces = [(i, f) for i, f in pieces if f.height]
     if not pieces:
-        return pl.DataFrame(schema=raw.table_schema(table)) if table in MODELS else pl.DataFrame(), bad
+        return pl.DataFrame(schema=table_schema(model)), bad
     try:
         if parquet.whole is not None and len(on_disk) == len(items):
             combined = parquet.whole  # the pieces are its slices, in order: no copy
@@ -495,13 +456,13 @@ def _validate_table(
         else:
             combined = pieces[0][1]
     except pl.exceptions.PolarsError:
-        return _validate_each(table, pieces, bad)
+        return _validate_each(kind, table, pieces, bad)
     try:
         return _checked(model, combined), bad
     except pandera.errors.SchemaErrors as exc:
         cases = exc.failure_cases
         if cases.get_column("index").null_count():
-            return _validate_each(table, pieces, bad)
+            return _validate_each(kind, table, pieces, bad)
         offsets, start = {}, 0
         for item, frame in pieces:
             offsets[item.ref.key] = start
@@ -511,16 +472,16 @@ def _validate_table(
             pl.Series("_key", [key_of_row[int(i)] for i in cases.get_column("index")], dtype=pl.String)
         )
         for key, group in cases.group_by("_key", maintain_order=True):
-            bad[str(key[0])] = _explain(group, table, offsets[str(key[0])])
+            bad[str(key[0])] = _explain(group, kind.source(table), offsets[str(key[0])])
         keep = [(i, f) for i, f in pieces if i.ref.key not in bad]
         if not keep:
             return pl.DataFrame(schema=combined.schema), bad
         try:
             return model.validate(pl.concat([f for _, f in keep], how="vertical_relaxed"), lazy=True), bad
         except (pandera.errors.SchemaErrors, pandera.errors.SchemaError, pl.exceptions.PolarsError):
-            return _validate_each(table, keep, bad)
+            return _validate_each(kind, table, keep, bad)
     except (pandera.errors.SchemaError, pl.exceptions.PolarsError):
-        return _validate_each(table, pieces, bad)
+        return _validate_each(kind, table, pieces, bad)
 
 
 def _checked(model: type[DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame:
@@ -532,13 +493,13 @@ def _checked(model: type[DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame:
         return model.validate(frame, lazy=True)
 
 
-def _rows_together(table: str, items: list[_Item]) -> dict[str, pl.DataFrame]:
+def _rows_together(model: type[DataFrameModel], table: str, items: list[_Item]) -> dict[str, pl.DataFrame]:
     """The row dicts of many artifacts as one frame (one construction, not one per artifact), sliced back
     per artifact. If that fails, returns nothing: each artifact is then built, and judged, alone."""
     if len(items) < 2:
         return {}
     try:
-        frame = raw.to_frame(table, [row for item in items for row in item.parts[table]])
+        frame = to_frame(model, [row for item in items for row in item.parts[table]])  # type: ignore[union-attr]
     except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError):
         return {}
     out, offset = {}, 0
@@ -550,36 +511,23 @@ def _rows_together(table: str, items: list[_Item]) -> dict[str, pl.DataFrame]:
 
 
 def _validate_each(
-    table: str, pieces: list[tuple[_Item, pl.DataFrame]], bad: dict[str, ArtifactInvalid]
+    kind: ArtifactKind, table: str, pieces: list[tuple[_Item, pl.DataFrame]], bad: dict[str, ArtifactInvalid]
 ) -> tuple[pl.DataFrame, dict[str, ArtifactInvalid]]:
-    model = MODELS[table]
+    model = kind.models[table]
     good: list[pl.DataFrame] = []
     for item, frame in pieces:
         try:
             good.append(model.validate(frame, lazy=True))
         except pandera.errors.SchemaErrors as exc:
-            bad[item.ref.key] = _explain(exc.failure_cases, table, 0)
+            bad[item.ref.key] = _explain(exc.failure_cases, kind.source(table), 0)
         except (pandera.errors.SchemaError, pl.exceptions.PolarsError) as exc:
-            bad[item.ref.key] = ArtifactInvalid(str(exc).splitlines()[0], file=_TABLE_FILES.get(table, table))
+            bad[item.ref.key] = ArtifactInvalid(str(exc).splitlines()[0], file=kind.source(table))
     if not good:
-        return pl.DataFrame(schema=raw.table_schema(table)), bad
+        return pl.DataFrame(schema=table_schema(model)), bad
     return pl.concat(good, how="vertical_relaxed"), bad
 
 
-_TABLE_FILES = {
-    "requests": "requests.parquet",
-    "gauges": "gauges.parquet",
-    "cells": "meta.json/summary.json",
-    "spec_decode": "summary.json",
-    "spec_decode_positions": "summary.json",
-    "campaigns": "campaign.json",
-    "deployments": "deployment.json",
-    "captures": "meta.json",
-    "capture_outputs": "outputs.parquet",
-}
-
-
-def _explain(cases: pl.DataFrame, table: str, offset: int) -> ArtifactInvalid:
+def _explain(cases: pl.DataFrame, file: str, offset: int) -> ArtifactInvalid:
     """The first failing check as a quarantine reason: file, column, check, a few rows (within the file)."""
     first = cases.row(0, named=True)
     column, check = first.get("column"), str(first.get("check"))
@@ -594,7 +542,7 @@ def _explain(cases: pl.DataFrame, table: str, offset: int) -> ArtifactInvalid:
     others = f"; and {cases.height - same.height} other failure(s)" if cases.height > same.height else ""
     return ArtifactInvalid(
         f"check {check.strip()} failed{failing}{shown}{others}",
-        file=_TABLE_FILES.get(table, table),
+        file=file,
         column=column,
         rows=rows,
     )
@@ -774,154 +722,29 @@ def _changed(
     return Outcome(kind.name, ref.key, "changed", message=message, source_path=ref.source_path)
 
 
-# ---------------------------------------------------------------------------------- the four built-in kinds
+# ------------------------------------------------------------------------------------- one campaign, one kind
 
 
-def _subdirs(path: Path) -> Iterator[Path]:
-    if path.is_dir():
-        yield from sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+def ingest_found(con: duckdb.DuckDBPyConnection, kind: ArtifactKind, campaign_dir: Path) -> list[Outcome]:
+    """Every artifact of one kind in one campaign directory (RAW/<campaign_id>) through a writer connection."""
+    campaign_dir = Path(campaign_dir)
+    return ingest_artifacts(con, kind, list(kind.discover(campaign_dir, campaign_dir.name)))
 
 
-def _campaign_files(ref: ArtifactRef) -> list[str]:
-    runs = ref.path / "runs"
-    records = (
-        sorted(p.name for p in runs.glob("*.json") if not p.name.startswith(".")) if runs.is_dir() else []
-    )
-    return ["campaign.json", *(f"runs/{name}" for name in records)]
-
-
-def _discover_campaign(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    yield ArtifactRef(
-        "campaign",
-        campaign_dir.name,
-        campaign_dir,
-        f"{prefix}/campaign.json",
-        campaign_dir.name,
-        campaign_dir.name,
-    )
-
-
-def _discover_deployments(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    for d in _subdirs(campaign_dir / "deployments"):
-        yield ArtifactRef(
-            "deployment", d.name, d, f"{prefix}/deployments/{d.name}", campaign_dir.name, d.name
-        )
-
-
-def _discover_cells(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    for d in _subdirs(campaign_dir / "cells"):
-        yield ArtifactRef(
-            "cell", f"{campaign_dir.name}/{d.name}", d, f"{prefix}/cells/{d.name}", campaign_dir.name, d.name
-        )
-
-
-def _discover_captures(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    for d in _subdirs(campaign_dir / "captures"):
-        yield ArtifactRef(
-            "capture",
-            f"{campaign_dir.name}/{d.name}",
-            d,
-            f"{prefix}/captures/{d.name}",
-            campaign_dir.name,
-            d.name,
-        )
-
-
-CAMPAIGN = register_kind(
-    ArtifactKind(
-        name="campaign",
-        table="campaigns",
-        key_column="campaign_id",
-        discover=_discover_campaign,
-        frames=lambda ref, files, sha: raw.campaign_frames(ref.source_path, ref.campaign_id, files, sha),
-        immutable=False,  # campaign.json is written once, but every finished run adds a runs/*.json record
-        files=_campaign_files,
-        order=10,
-    )
-)
-DEPLOYMENT = register_kind(
-    ArtifactKind(
-        name="deployment",
-        table="deployments",
-        key_column="deployment_id",
-        discover=_discover_deployments,
-        frames=lambda ref, files, sha: raw.deployment_frames(
-            ref.source_path, ref.campaign_id, ref.name, files, sha
-        ),
-        immutable=False,  # deployment.json is rewritten at ready and at teardown
-        files=("deployment.json",),  # not engine.log, which grows
-        order=20,
-    )
-)
-CELL = register_kind(
-    ArtifactKind(
-        name="cell",
-        table="cells",
-        key_column="cell_key",
-        child_tables=("requests", "gauges", "spec_decode", "spec_decode_positions"),
-        discover=_discover_cells,
-        frames=lambda ref, files, sha: raw.cell_frames(
-            ref.source_path, ref.campaign_id, ref.name, files, sha, directory=ref.path
-        ),
-        order=30,
-    )
-)
-CAPTURE = register_kind(
-    ArtifactKind(
-        name="capture",
-        table="captures",
-        key_column="capture_key",
-        child_tables=("capture_outputs",),
-        discover=_discover_captures,
-        frames=lambda ref, files, sha: raw.capture_frames(
-            ref.source_path, ref.campaign_id, ref.name, files, sha
-        ),
-        order=40,
-    )
-)
-
-
-def _ref_for(kind: ArtifactKind, path: Path) -> ArtifactRef:
+def ingest_path(
+    con: duckdb.DuckDBPyConnection,
+    kind: ArtifactKind,
+    path: Path,
+    *,
+    before_commit: BeforeCommit | None = None,
+) -> Outcome:
+    """One artifact of `kind`, given its directory or file (a campaign: its directory or its campaign.json),
+    through a writer connection. Found by the kind's own discovery in the campaign directory above it."""
     path = Path(path)
-    if kind is CAMPAIGN:
-        campaign_dir = path.parent if path.name == "campaign.json" else path
-        return next(iter(_discover_campaign(campaign_dir, campaign_dir.name)))
-    campaign_dir = path.parent.parent  # RAW/<campaign_id>/<cells|deployments|captures>/<name>
-    folder = path.parent.name
-    prefix = f"{campaign_dir.name}/{folder}/{path.name}"
-    key = path.name if kind is DEPLOYMENT else f"{campaign_dir.name}/{path.name}"
-    return ArtifactRef(kind.name, key, path, prefix, campaign_dir.name, path.name)
-
-
-def _one(
-    con: duckdb.DuckDBPyConnection, kind: ArtifactKind, path: Path, before_commit: BeforeCommit | None
-) -> Outcome:
-    return ingest_artifacts(con, kind, [_ref_for(kind, path)], before_commit=before_commit)[0]
-
-
-def ingest_campaign(
-    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
-) -> Outcome:
-    """RAW/<campaign_id> (or its campaign.json) through a writer connection."""
-    return _one(con, CAMPAIGN, path, before_commit)
-
-
-def ingest_deployment(
-    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
-) -> Outcome:
-    """RAW/<campaign_id>/deployments/<deployment_id> through a writer connection."""
-    return _one(con, DEPLOYMENT, path, before_commit)
-
-
-def ingest_cell(
-    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
-) -> Outcome:
-    """RAW/<campaign_id>/cells/<cell_id>.a<n> through a writer connection."""
-    return _one(con, CELL, path, before_commit)
-
-
-def ingest_capture(
-    con: duckdb.DuckDBPyConnection, path: Path, *, before_commit: BeforeCommit | None = None
-) -> Outcome:
-    """RAW/<campaign_id>/captures/<capture_id> through a writer connection."""
-    return _one(con, CAPTURE, path, before_commit)
+    for campaign_dir in (path, path.parent, path.parent.parent):
+        for ref in kind.discover(campaign_dir, campaign_dir.name):
+            located = campaign_dir.parent / ref.source_path  # its file (single-file kinds) or directory
+            whole_campaign = located.name == layout.CAMPAIGN_FILE and path == ref.path
+            if located.exists() and (path == located or whole_campaign):
+                return ingest_artifacts(con, kind, [ref], before_commit=before_commit)[0]
+    raise ArtifactError(f"{path}: not a {kind.name} artifact in a campaign directory")

@@ -208,9 +208,10 @@ def gate_command(
     ] = 32,
     force: Annotated[bool, typer.Option("--force", help="Judge even with fewer than --min-prompts.")] = False,
 ) -> None:
+    from artifacts import layout
+    from artifacts.store import write_json
     from specgauge.errors import ArtifactError, InputError
     from specgauge.settings import get_settings
-    from tasks.artifacts import write_json
     from tasks.gate import gate, write_verdict
 
     try:
@@ -228,7 +229,8 @@ def gate_command(
         captures_dir = verdict.treatment.b.path.resolve().parent
         campaign_dir = (
             captures_dir.parent  # beside the captures it judges: RAW/<campaign>/captures/<id>
-            if captures_dir.name == "captures" and captures_dir.parent.name == verdict.campaign_id
+            if captures_dir == layout.captures_dir(captures_dir.parent)
+            and captures_dir.parent.name == verdict.campaign_id
             else get_settings().raw_dir / verdict.campaign_id
         )
         try:
@@ -253,8 +255,8 @@ def compare_command(
     """Compare two greedy captures prompt by prompt: exact match, first diverging token, shared prefix,
     normalised edit distance (tokens, or characters without token ids). Exit 0 when compared (whatever the
     match rate), 2 when the captures cannot be compared (different prompts or sampling)."""
+    from artifacts.store import write_json
     from specgauge.errors import ArtifactError, InputError
-    from tasks.artifacts import write_json
     from tasks.gate import compare
 
     try:

@@ -207,7 +207,6 @@ def chart(
         bool, typer.Option("--latest/--all", help="Only the latest window per variant, load and workload.")
     ] = True,
 ) -> None:
-    import warehouse.ingest_profile  # noqa: F401  (the profiles table's kind and model)
     from specgauge.errors import SpecgaugeError
     from tasks.profile.chart import save_chart, waste_chart
     from warehouse.db import reader

@@ -3,22 +3,24 @@ launcher promises is tasks/launch/protocol.py."""
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import SecretStr
 
-from experiments.spec import Variant
+from artifacts import layout
+from artifacts.documents import DeploymentFacts
+from artifacts.store import read_document, write_json
+from experiments.spec import TargetSpec, Variant
 
 Status = Literal["starting", "ready", "failed", "stopped"]
 
 
 @dataclass
 class Deployment:
-    """One launched (or adopted) engine serving one variant. Serialised as deployment.json."""
+    """One launched (or adopted) engine serving one variant. Its deployment.json is DeploymentFacts."""
 
     id: str
     launcher: str
@@ -44,26 +46,40 @@ class Deployment:
     extra: dict[str, Any] = field(default_factory=dict)
     api_key: SecretStr | None = field(default=None, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("api_key")  # secrets never reach artifacts
+    def facts(self) -> DeploymentFacts:
+        """deployment.json's document: every field but the API key (secrets never reach artifacts)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_key"}
         data["variant"] = self.variant.model_dump(mode="json")
         data["directory"] = str(self.directory)
         data["log_path"] = str(self.log_path) if self.log_path else None
-        return data
+        data["command"] = list(self.command)
+        data["extra"] = dict(self.extra)
+        if (
+            self.engine_version is not None
+        ):  # as a server reported it (an endpoint's /version may be a number)
+            data["engine_version"] = str(self.engine_version)
+        return DeploymentFacts.model_validate(data)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.facts().model_dump(mode="json")
 
     def save(self) -> None:
+        """Write deployment.json (a living record: rewritten at launch, when ready and at teardown)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / "deployment.json.tmp"
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        tmp.replace(self.directory / "deployment.json")
+        tmp = self.directory / f".{layout.DEPLOYMENT_FILE}.tmp"
+        write_json(tmp, self.facts())
+        tmp.replace(self.directory / layout.DEPLOYMENT_FILE)
 
     @classmethod
     def load(cls, path: Path) -> Deployment:
-        data = json.loads(Path(path).read_text())
-        data["variant"] = Variant.model_validate(data["variant"])
-        data["directory"] = Path(data["directory"])
-        data["log_path"] = Path(data["log_path"]) if data.get("log_path") else None
+        facts = read_document(path, DeploymentFacts)
+        data = {f.name: getattr(facts, f.name) for f in fields(cls) if f.name != "api_key"}
+        data["variant"] = Variant.model_validate(facts.variant.as_written())
+        data["directory"] = Path(facts.directory or Path(path).parent)
+        data["log_path"] = Path(facts.log_path) if facts.log_path else None
+        data["command"] = list(facts.command or [])
+        data["extra"] = dict(facts.extra or {})
+        data["started_at"] = facts.started_at or ""
         return cls(**data)
 
     def headers(self) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """One streamed request, as measured by the client (the per-request part of docs/metrics contract).
 
 Times are seconds on the client's monotonic clock, relative to the cell's start (`t0`), so records of one
-cell compare directly; the cell's meta.json gives t0 as UTC.
+cell compare directly; the cell's meta.json gives t0 as UTC. A cell's requests.parquet is these records,
+one row each, of the contract's REQUEST_SCHEMA (artifacts.documents).
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from typing import Literal
 
 import polars as pl
 
+from artifacts.documents import REQUEST_SCHEMA, ErrorClass
+
+__all__ = ["REQUEST_SCHEMA", "ErrorClass", "Phase", "RequestRecord", "records_frame"]
+
 Phase = Literal["warmup", "measured"]
-ErrorClass = Literal["connect", "timeout", "http_status", "stream_cut", "no_usage", "protocol", "cancelled"]
 
 
 @dataclass
@@ -48,38 +52,6 @@ class RequestRecord:
 
     def as_row(self) -> dict:
         return asdict(self)
-
-
-REQUEST_SCHEMA: dict[str, pl.DataType] = {
-    "index": pl.Int32(),
-    "prompt_id": pl.String(),
-    "workload": pl.String(),
-    "phase": pl.String(),
-    "endpoint": pl.String(),
-    "queued_s": pl.Float64(),
-    "scheduled_s": pl.Float64(),
-    "sent_s": pl.Float64(),
-    "first_token_s": pl.Float64(),
-    "last_token_s": pl.Float64(),
-    "ended_s": pl.Float64(),
-    "client_queue_s": pl.Float64(),
-    "ttft_s": pl.Float64(),
-    "e2e_s": pl.Float64(),
-    "tpot_s": pl.Float64(),
-    "prompt_tokens": pl.Int64(),
-    "completion_tokens": pl.Int64(),
-    "chunks": pl.Int32(),
-    "chunk_offsets_s": pl.List(pl.Float64()),
-    "chunk_tokens": pl.List(pl.Int32()),
-    "tokens_exact": pl.Boolean(),
-    "finish_reason": pl.String(),
-    "http_status": pl.Int32(),
-    "ok": pl.Boolean(),
-    "error_class": pl.String(),
-    "error": pl.String(),
-    "token_ids": pl.List(pl.Int64()),
-    "text": pl.String(),
-}
 
 
 def records_frame(records: list[RequestRecord]) -> pl.DataFrame:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
+from artifacts import ids
 from experiments.spec import LoadSpec, Sampling
 from tasks.load.client import StreamingClient
 from tasks.load.records import Phase, RequestRecord
@@ -86,7 +87,7 @@ class LoadPlan:
     @property
     def label(self) -> str:
         """The load part of a cell id: c<C> or rate<R>."""
-        return f"c{self.concurrency}" if self.mode == "closed" else f"rate{self.rate:g}"
+        return ids.load_label(self.mode, self.concurrency, self.rate)
 
     def connections(self) -> int:
         """Connections a client needs so that its own pool never queues this plan's requests."""

@@ -1,7 +1,7 @@
 """The gauge sampler: scrape `/metrics` every `interval_s` while a cell runs.
 
 It records KV-cache usage, running and waiting requests and the cumulative preemption count as the
-`gauges.parquet` frame (docs/design.md). Times are seconds since the cell's `t0` on the
+`gauges.parquet` frame (artifacts.documents.GAUGE_SCHEMA). Times are seconds since the cell's `t0` on the
 `time.perf_counter()` clock, the clock of the request records, so both line up. A failed scrape (or a
 text that does not parse) is skipped and counted: the sampler never fails the cell.
 
@@ -21,16 +21,10 @@ from types import TracebackType
 import httpx
 import polars as pl
 
+from artifacts.documents import GAUGE_SCHEMA
 from specgauge.errors import MetricsError
 from tasks.metrics.prometheus import ascrape, gauges
 
-GAUGE_SCHEMA: dict[str, pl.DataType] = {
-    "t_s": pl.Float64(),
-    "kv_cache_usage": pl.Float64(),
-    "running": pl.Int64(),
-    "waiting": pl.Int64(),
-    "preemptions_total": pl.Int64(),
-}
 _KEPT_ERRORS = 5
 
 

@@ -1,18 +1,29 @@
 """Per-cell math: the request records and `/metrics` deltas of one cell become its summary.json.
 
-Every figure follows the measurement contract (shared facts, metrics.md); docs/design.md lists the
-structure. Only measured requests (`phase == "measured"`) count; latency figures cover the successful ones.
+Every figure follows the measurement contract (shared facts, metrics.md); the document's structure and
+what each figure means is artifacts.documents.CellSummary. Only measured requests (`phase == "measured"`) count; latency figures cover the successful ones.
 Percentiles are numpy's default ("linear" interpolation between closest ranks), the same as vLLM's
 `bench serve`, so p99 of [1, 2, 3, 4] is 3.97.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import polars as pl
 
+from artifacts.documents import (
+    BurstCheck,
+    CellSummary,
+    CrossChecks,
+    Distribution,
+    GaugeSummary,
+    GenerationTokensCheck,
+    Goodput,
+    Latency,
+    RequestCounts,
+    Speculation,
+    TokensPerChunkCheck,
+)
 from experiments.spec import SLO
 from tasks.metrics.prometheus import SpecDelta
 
@@ -106,7 +117,7 @@ def _window_problem(requests: pl.DataFrame, window: tuple[float, float] | None) 
 
 def _tokens_per_chunk_check(
     client_tokens_per_chunk: float | None, spec: SpecDelta | None, tokens: int | None
-) -> dict[str, Any]:
+) -> TokensPerChunkCheck:
     """Client tokens per chunk vs the server's mean acceptance length over all decode steps.
 
     vLLM's mean acceptance length, 1 + accepted / drafts, averages over the steps that carried a draft.
@@ -116,31 +127,31 @@ def _tokens_per_chunk_check(
     window. It equals the mean acceptance length when every step drafted (measured: draft model 2.03 vs
     2.03; n-gram 1.43 vs a mean acceptance length of 1.99 and a client figure of 1.42). Both are reported.
     """
-    out: dict[str, Any] = {
-        "client": client_tokens_per_chunk,
-        "server": None,
-        "rel_diff": None,
-        "ok": None,
-        "mean_acceptance_length": spec.mean_acceptance_length if spec else None,
-        "tolerance": TOKENS_PER_STEP_TOLERANCE,
-        "note": None,
-    }
+    out = TokensPerChunkCheck(
+        client=client_tokens_per_chunk,
+        server=None,
+        rel_diff=None,
+        ok=None,
+        mean_acceptance_length=spec.mean_acceptance_length if spec else None,
+        tolerance=TOKENS_PER_STEP_TOLERANCE,
+        note=None,
+    )
     if spec is None:
-        out["note"] = "no speculation counters (plain deployment or no /metrics): not applicable"
+        out.note = "no speculation counters (plain deployment or no /metrics): not applicable"
         return out
     if not tokens or tokens <= spec.accepted_tokens:
-        out["note"] = "no generated tokens beyond accepted ones in the window: tokens per step undefined"
+        out.note = "no generated tokens beyond accepted ones in the window: tokens per step undefined"
         return out
-    out["server"] = tokens / (tokens - spec.accepted_tokens)
-    out["rel_diff"] = _rel_diff(client_tokens_per_chunk, out["server"])
-    if out["rel_diff"] is not None:
-        out["ok"] = abs(out["rel_diff"]) <= TOKENS_PER_STEP_TOLERANCE
+    out.server = tokens / (tokens - spec.accepted_tokens)
+    out.rel_diff = _rel_diff(client_tokens_per_chunk, out.server)
+    if out.rel_diff is not None:
+        out.ok = abs(out.rel_diff) <= TOKENS_PER_STEP_TOLERANCE
     return out
 
 
 def _gauge_summary(
     gauges: pl.DataFrame | None, window: tuple[float, float] | None, failures: int | None
-) -> dict[str, Any]:
+) -> GaugeSummary:
     frame = gauges if gauges is not None else pl.DataFrame(schema={"t_s": pl.Float64()})
     if window is not None and frame.height:
         frame = frame.filter(pl.col("t_s").is_between(window[0], window[1]))
@@ -157,15 +168,15 @@ def _gauge_summary(
     if "preemptions_total" in frame.columns and frame["preemptions_total"].drop_nulls().len() >= 1:
         seen = frame.sort("t_s")["preemptions_total"].drop_nulls()
         preemptions = int(seen[-1] - seen[0])
-    return {
-        "kv_cache_usage_max": stat("kv_cache_usage", "max"),
-        "kv_cache_usage_mean": stat("kv_cache_usage", "mean"),
-        "running_max": stat("running", "max"),
-        "waiting_max": stat("waiting", "max"),
-        "preemptions": preemptions,
-        "samples": frame.height,
-        "scrape_failures": failures,
-    }
+    return GaugeSummary(
+        kv_cache_usage_max=stat("kv_cache_usage", "max"),
+        kv_cache_usage_mean=stat("kv_cache_usage", "mean"),
+        running_max=stat("running", "max"),
+        waiting_max=stat("waiting", "max"),
+        preemptions=preemptions,
+        samples=frame.height,
+        scrape_failures=failures,
+    )
 
 
 def summarize_cell(
@@ -178,14 +189,16 @@ def summarize_cell(
     measured_window: tuple[float, float] | None,
     server_problem: str | None = None,
     gauge_scrape_failures: int | None = None,
-) -> dict[str, Any]:
-    """The cell's summary.json (docs/design.md) from its request records and server-side figures.
+) -> CellSummary:
+    """The cell's summary.json (artifacts.documents.CellSummary) from its request records and server-side
+    figures.
 
     `requests` is `tasks.load.records.REQUEST_SCHEMA`, warm-up rows included. `spec` is the speculation
     delta over the measured window (None for plain), `generation_tokens_delta` is
     d(vllm:generation_tokens_total) over the same window, `gauges` the sampler's frame, `measured_window`
     the (before, after) scrape times on the records' clock. `server_problem` (e.g. a CounterReset's
-    message) marks the server side invalid, and the cell failed.
+    message) marks the server side invalid, and the cell failed. `gauge_scrape_failures`: the sampler's
+    failed scrapes (gauges.scrape_failures).
     """
     measured = requests.filter(pl.col("phase") == "measured")
     ok = measured.filter(pl.col("ok").fill_null(False))
@@ -204,13 +217,13 @@ def summarize_cell(
     errors = failed.group_by(pl.col("error_class").fill_null("unknown")).len().sort("error_class").rows()
 
     tpot_rows = ok.filter(pl.col("completion_tokens") >= 2)
-    latency = {
-        "ttft": distribution(ok["ttft_s"].drop_nulls().to_numpy()),
-        "tpot": distribution(tpot_rows["tpot_s"].drop_nulls().to_numpy()),
-        "e2e": distribution(ok["e2e_s"].drop_nulls().to_numpy()),
-        "chunk_gap": distribution(chunk_gaps(ok)),
-        "itl_per_token": distribution(itl_per_token(ok)),
-    }
+    latency = Latency(
+        ttft=Distribution(**distribution(ok["ttft_s"].drop_nulls().to_numpy())),
+        tpot=Distribution(**distribution(tpot_rows["tpot_s"].drop_nulls().to_numpy())),
+        e2e=Distribution(**distribution(ok["e2e_s"].drop_nulls().to_numpy())),
+        chunk_gap=Distribution(**distribution(chunk_gaps(ok))),
+        itl_per_token=Distribution(**distribution(itl_per_token(ok))),
+    )
 
     # Goodput: a request is good when it succeeded, TTFT <= the TTFT SLO and TPOT <= the TPOT SLO. A
     # request of fewer than 2 tokens has no TPOT and meets that half (as in vLLM's bench). Failures miss.
@@ -224,34 +237,32 @@ def summarize_cell(
     client_tokens_all = int(measured["completion_tokens"].fill_null(0).sum())
     tokens = generation_tokens_delta if generation_tokens_delta is not None else client_tokens_all
     tokens_basis = "server" if generation_tokens_delta is not None else "client"
-    tpot_mean = latency["tpot"]["mean"]
+    tpot_mean = latency.tpot.mean if latency.tpot else None
     speculation = None
     if spec is not None:
         steps = tokens - spec.accepted_tokens
-        speculation = {
+        speculation = Speculation(
             **spec.to_json(),
-            "accepted_per_position": dict(spec.accepted_per_position),
-            "decode_steps": steps,
-            "inferred_step_time_s": (
-                tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None
-            ),
-            "tokens": tokens,
-            "tokens_basis": tokens_basis,
-        }
+            accepted_per_position=dict(spec.accepted_per_position),
+            decode_steps=steps,
+            inferred_step_time_s=tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None,
+            tokens=tokens,
+            tokens_basis=tokens_basis,
+        )
 
     window_problem = _window_problem(requests, measured_window)
-    generation_check: dict[str, Any] = {
-        "client": client_tokens_all,
-        "server": generation_tokens_delta,
-        "rel_diff": _rel_diff(client_tokens_all, generation_tokens_delta),
-        "ok": None,
-        "tolerance": GENERATION_TOKENS_TOLERANCE,
-        "note": window_problem,
-    }
+    generation_check = GenerationTokensCheck(
+        client=client_tokens_all,
+        server=generation_tokens_delta,
+        rel_diff=_rel_diff(client_tokens_all, generation_tokens_delta),
+        ok=None,
+        tolerance=GENERATION_TOKENS_TOLERANCE,
+        note=window_problem,
+    )
     # Judged unless the window is known to hold other tokens (warm-up overlap, requests outside it).
-    rel = generation_check["rel_diff"]
+    rel = generation_check.rel_diff
     if rel is not None and (measured_window is None or window_problem is None):
-        generation_check["ok"] = abs(rel) <= GENERATION_TOKENS_TOLERANCE
+        generation_check.ok = abs(rel) <= GENERATION_TOKENS_TOLERANCE
 
     status, error = "ok", None
     if total == 0:
@@ -262,49 +273,49 @@ def summarize_cell(
     def per_wall(count: int) -> float | None:
         return count / wall if wall else None
 
-    return {
-        "status": status,
-        "error": error,
-        "requests": {
-            "total": total,
-            "ok": n_ok,
-            "failed": failed.height,
-            "success_rate": n_ok / total if total else None,
-            "errors": dict(errors),
-        },
-        "wall_s": wall,
-        "measured_window_s": list(measured_window) if measured_window else None,
-        "output_throughput_tok_s": per_wall(completion_tokens),
-        "request_throughput_rps": per_wall(n_ok),
-        "completion_tokens": completion_tokens,
-        "prompt_tokens": prompt_tokens,
-        "latency_s": latency,
-        "tokens_per_chunk_mean": tokens_per_chunk,
-        "tokens_exact": bool(n_ok) and bool(ok["tokens_exact"].fill_null(False).all()),
-        "goodput": {
-            "ttft_slo_s": slo.ttft_p99_s,
-            "tpot_slo_s": slo.tpot_p99_s,
-            "good": good,
-            "share": good / total if total else None,
-            "rate_rps": per_wall(good),
-        },
-        "speculation": speculation,
-        "cross_checks": {
-            "tokens_per_chunk_vs_acceptance_length": _tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
-            "completion_tokens_vs_generation_tokens": generation_check,
-            "streamed_token_by_token": _burst_check(ok),
-        },
-        "gauges": _gauge_summary(gauges, measured_window, gauge_scrape_failures),
-        "server_valid": server_problem is None,
-        "server_problem": server_problem,
-    }
+    return CellSummary(
+        status=status,
+        error=error,
+        requests=RequestCounts(
+            total=total,
+            ok=n_ok,
+            failed=failed.height,
+            success_rate=n_ok / total if total else None,
+            errors=dict(errors),
+        ),
+        wall_s=wall,
+        measured_window_s=list(measured_window) if measured_window else None,
+        output_throughput_tok_s=per_wall(completion_tokens),
+        request_throughput_rps=per_wall(n_ok),
+        completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        latency_s=latency,
+        tokens_per_chunk_mean=tokens_per_chunk,
+        tokens_exact=bool(n_ok) and bool(ok["tokens_exact"].fill_null(False).all()),
+        goodput=Goodput(
+            ttft_slo_s=slo.ttft_p99_s,
+            tpot_slo_s=slo.tpot_p99_s,
+            good=good,
+            share=good / total if total else None,
+            rate_rps=per_wall(good),
+        ),
+        speculation=speculation,
+        cross_checks=CrossChecks(
+            tokens_per_chunk_vs_acceptance_length=_tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
+            completion_tokens_vs_generation_tokens=generation_check,
+            streamed_token_by_token=_burst_check(ok),
+        ),
+        gauges=_gauge_summary(gauges, measured_window, gauge_scrape_failures),
+        server_valid=server_problem is None,
+        server_problem=server_problem,
+    )
 
 
 BURST_SPREAD_S = 1e-3  # a response of >= 4 chunks that arrived within 1 ms was not streamed token by token
 BURST_TOLERANCE = 0.10
 
 
-def _burst_check(ok: pl.DataFrame) -> dict[str, Any]:
+def _burst_check(ok: pl.DataFrame) -> BurstCheck:
     """Share of successful responses whose chunks all reached the client at once.
 
     Such a response was held back (on the embedded engine: vLLM's API server starved of CPU) and delivered
@@ -313,16 +324,16 @@ def _burst_check(ok: pl.DataFrame) -> dict[str, Any]:
     """
     multi = ok.filter(pl.col("chunks") >= 4)
     if multi.is_empty():
-        return {"bursts": 0, "responses": 0, "share": None, "ok": None, "tolerance": BURST_TOLERANCE}
+        return BurstCheck(bursts=0, responses=0, share=None, ok=None, tolerance=BURST_TOLERANCE)
     spread = multi.select(
         (pl.col("chunk_offsets_s").list.max() - pl.col("chunk_offsets_s").list.min()).alias("spread")
     )["spread"]
     bursts = int((spread < BURST_SPREAD_S).sum())
     share = bursts / multi.height
-    return {
-        "bursts": bursts,
-        "responses": multi.height,
-        "share": share,
-        "ok": share <= BURST_TOLERANCE,
-        "tolerance": BURST_TOLERANCE,
-    }
+    return BurstCheck(
+        bursts=bursts,
+        responses=multi.height,
+        share=share,
+        ok=share <= BURST_TOLERANCE,
+        tolerance=BURST_TOLERANCE,
+    )

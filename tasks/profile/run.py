@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from artifacts import ids, layout
 from experiments.plan import plan_campaign, resolve_repo_path
 from experiments.spec import ExperimentSpec, Variant, load_spec
 from specgauge.errors import InputError
@@ -75,8 +76,9 @@ def profile_variant(
     campaign_id = campaign.campaign_id
     record_campaign(campaign, spec, raw)  # once per campaign: the warehouse needs it beside the profiles
     stamp = utc_stamp()
-    deployment_id = next_launch_id(raw / campaign_id, f"{campaign_id}.{variant.name}.profile")
-    directory = raw / campaign_id / "deployments" / deployment_id
+    campaign_dir = layout.campaign_dir(raw, campaign_id)
+    deployment_id = next_launch_id(campaign_dir, ids.profile_slot_id(campaign_id, variant.name))
+    directory = layout.deployment_dir(campaign_dir, deployment_id)
     trace_dir = directory / TRACE_SUBDIR
     launcher = launcher_for(spec)
     with deployed(

@@ -7,7 +7,7 @@ trace is complete on disk, analyse it, and write
     RAW/<campaign_id>/profiles/<profile_id>/meta.json, breakdown.json, metrics_before.txt,
                                            metrics_after.txt, trace/<worker trace>
 
-once, atomically (`tasks.artifacts.atomic_dir`). A trace larger than `inline_limit_bytes` stays where the
+once, atomically (`artifacts.store.atomic_dir`). A trace larger than `inline_limit_bytes` stays where the
 engine wrote it and meta.json points at it (path and sha256). A window that fails (requests failed, no trace,
 an analysis error) is still written, with `status: "failed"` and the reason.
 
@@ -26,10 +26,12 @@ from typing import Any
 
 import httpx
 
+from artifacts import ids, layout
+from artifacts.documents import ProfileMeta
+from artifacts.store import atomic_dir, write_json
 from experiments.spec import Sampling
 from specgauge.errors import ArtifactError, SpecgaugeError
 from specgauge.provenance import host_facts, sha256_file, tool_facts, utc_now, utc_stamp
-from tasks.artifacts import atomic_dir, write_json
 from tasks.launch.base import Deployment
 from tasks.load.records import RequestRecord
 from tasks.load.runner import LoadPlan, run_load_sync
@@ -71,7 +73,7 @@ class ProfileResult:
 
 
 def profile_id_for(variant: str, workload: str | None, concurrency: int, stamp: str | None = None) -> str:
-    return f"{variant}.{workload or 'all'}.c{concurrency}.{stamp or utc_stamp()}"
+    return ids.profile_id(variant, workload, concurrency, stamp or utc_stamp())
 
 
 def trace_files(trace_dir: Path) -> set[Path]:
@@ -167,7 +169,7 @@ def run_window(
     profile_id = profile_id or profile_id_for(
         variant.name, workload.stratum if workload else None, plan.concurrency
     )
-    final = Path(raw_dir) / campaign_id / "profiles" / profile_id
+    final = layout.profile_dir(layout.campaign_dir(raw_dir, campaign_id), profile_id)
     if final.exists():
         raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
     trace_dir = Path(trace_dir)
@@ -317,12 +319,12 @@ def write_profile_artifact(
             else:
                 meta["trace"] = {"pointer": str(trace_path), "sha256": digest, "bytes": size}
         if metrics_before is not None:
-            (tmp / "metrics_before.txt").write_text(metrics_before)
+            (tmp / layout.METRICS_BEFORE).write_text(metrics_before)
         if metrics_after is not None:
-            (tmp / "metrics_after.txt").write_text(metrics_after)
-        write_json(tmp / "meta.json", meta)
+            (tmp / layout.METRICS_AFTER).write_text(metrics_after)
+        write_json(tmp / layout.META, ProfileMeta.model_validate(meta))
         if breakdown is not None:
-            write_json(tmp / "breakdown.json", breakdown.to_json())
+            write_json(tmp / layout.BREAKDOWN, breakdown.to_json())
     return final
 
 

@@ -1,15 +1,9 @@
-"""Raw artifacts: one directory per cell (or capture, profile, verdict), written once, atomically.
+"""Writing raw artifacts: each written once, atomically, never overwritten.
 
-The directory is assembled under a temporary name beside its final place and renamed into place, so a
-reader sees either nothing or the whole artifact; an existing artifact is never overwritten. Layout:
-
-    RAW/<campaign_id>/campaign.json
-    RAW/<campaign_id>/deployments/<deployment_id>/deployment.json, engine.log, command.txt
-    RAW/<campaign_id>/cells/<cell_id>.a<attempt>/meta.json, summary.json, requests.parquet,
-                                                 gauges.parquet, metrics_before.txt, metrics_after.txt
-    RAW/<campaign_id>/captures/<capture_id>/meta.json, outputs.parquet
-    RAW/<campaign_id>/gates/<verdict_id>.json
-    RAW/<campaign_id>/profiles/<profile_id>/...
+A directory artifact is assembled under a temporary name ('.tmp-...') beside its final place and renamed
+into place, so a reader sees either nothing or the whole artifact; a single-file artifact (a gate verdict,
+a run record) is hard-linked into place from a temporary file. Documents are written from their models
+(artifacts.documents) and read back through them.
 """
 
 from __future__ import annotations
@@ -21,18 +15,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from specgauge.errors import ArtifactError
 
-CELL_FILES = (
-    "meta.json",
-    "summary.json",
-    "requests.parquet",
-    "gauges.parquet",
-    "metrics_before.txt",
-    "metrics_after.txt",
-)
+Document = TypeVar("Document", bound=BaseModel)
 
 
 @contextmanager
@@ -82,8 +71,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _plain(data: Any) -> Any:
+    return data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+
+
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """A JSON document (a model is written as its JSON dump, nulls included)."""
+    Path(path).write_text(json.dumps(_plain(data), indent=2, sort_keys=False, default=str) + "\n")
 
 
 def write_json_atomic(final: Path, data: Any) -> None:
@@ -109,27 +103,7 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def cell_attempts(cells_dir: Path, cell_id: str) -> list[Path]:
-    """Existing attempts of one cell, oldest first."""
-    if not cells_dir.exists():
-        return []
-    found = [
-        p for p in cells_dir.glob(f"{cell_id}.a*") if p.is_dir() and p.name[len(cell_id) + 2 :].isdigit()
-    ]
-    return sorted(found, key=lambda p: int(p.name[len(cell_id) + 2 :]))
-
-
-def cell_is_complete_ok(path: Path) -> bool:
-    """A cell that needs no re-run: every file present and its summary says ok."""
-    if not all((path / name).exists() for name in CELL_FILES):
-        return False
-    try:
-        return read_json(path / "summary.json").get("status") == "ok"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def next_cell_dir(cells_dir: Path, cell_id: str) -> Path:
-    attempts = cell_attempts(cells_dir, cell_id)
-    last = int(attempts[-1].name[len(cell_id) + 2 :]) if attempts else 0
-    return cells_dir / f"{cell_id}.a{last + 1}"
+def read_document(path: Path, model: type[Document]) -> Document:
+    """A document read through its model. Raises OSError, ValueError (bad JSON) or pydantic's
+    ValidationError (a ValueError too) for a file that is not one."""
+    return model.model_validate_json(Path(path).read_bytes())

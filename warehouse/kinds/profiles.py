@@ -1,9 +1,7 @@
-"""Profiled windows (RAW/<campaign_id>/profiles/<profile_id>/) into the `profiles` table.
-
-Importing this module registers the artifact kind `profile` with warehouse.ingest and its pandera model with
-warehouse.models.MODELS. Only meta.json and breakdown.json are hashed and read (the trace and the /metrics
-scrapes are the evidence behind them, not warehouse data). A failed window (status "failed", no
-breakdown.json) is ingested too, with null figures, as failed cells are.
+"""Profiled windows (profiles/<profile_id>/: artifacts.documents.ProfileMeta and ProfileBreakdown) into the
+`profiles` table. Only meta.json and breakdown.json are hashed and read (the trace and the /metrics scrapes
+are the evidence behind them, not warehouse data). A failed window (status "failed", no breakdown.json) is
+ingested too, with null figures, as failed cells are.
 """
 
 from __future__ import annotations
@@ -15,10 +13,12 @@ from typing import Any
 import pandera.polars as pa
 import polars as pl
 
-from warehouse import raw
+from artifacts import ids, layout
+from artifacts.documents import ProfileBreakdown, ProfileCrossChecks, ProfileMeta, utc_datetime
 from warehouse.errors import ArtifactInvalid
-from warehouse.ingest import ArtifactKind, ArtifactRef, register_kind
-from warehouse.models import METHODS, MODELS, Strict
+from warehouse.frames import Files, canonical_json, document, to_frame
+from warehouse.kinds.base import ArtifactKind, ArtifactRef, directory_refs
+from warehouse.models import METHODS, Strict
 
 PROFILERS = ["torch-profiler", "nsys"]
 SHARES = (
@@ -134,113 +134,94 @@ class ProfileModel(pa.DataFrameModel):
         )
 
 
-MODELS["profiles"] = ProfileModel
-
-
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    folder = campaign_dir / "profiles"
-    if not folder.is_dir():
-        return
-    for d in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        yield ArtifactRef(
-            "profile",
-            f"{campaign_dir.name}/{d.name}",
-            d,
-            f"{prefix}/profiles/{d.name}",
-            campaign_dir.name,
-            d.name,
-        )
-
-
-def _cross_check_ok(checks: raw.Doc) -> bool | None:
-    found = [checks.get(f"{name}.ok") for name in ("draft_tokens", "drafts")]
-    found = [f for f in found if f is not None]
+def _cross_check_ok(checks: ProfileCrossChecks | None) -> bool | None:
+    found = (
+        [c.ok for c in (checks.draft_tokens, checks.drafts) if c is not None and c.ok is not None]
+        if checks
+        else []
+    )
     return None if not found else all(bool(f) for f in found)
 
 
 def profile_frames(
-    source_path: str, campaign_id: str, profile_id: str, files: raw.Files, sha256: str
+    source_path: str, campaign_id: str, profile_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
     """The `profiles` row of one artifact. ArtifactInvalid names the file and field that is wrong."""
-    meta = raw.Doc(raw.load_json(files, "meta.json"), "meta.json")
-    if meta.text("profile_id", required=True) != profile_id:
+    meta = document(files, layout.META, ProfileMeta)
+    if meta.profile_id != profile_id:
         raise ArtifactInvalid(
-            f"{meta.get('profile_id')!r} does not match its directory ({profile_id!r})",
-            file="meta.json",
+            f"{meta.profile_id!r} does not match its directory ({profile_id!r})",
+            file=layout.META,
             column="profile_id",
         )
-    if meta.text("campaign_id", required=True) != campaign_id:
+    if meta.campaign_id != campaign_id:
         raise ArtifactInvalid(
-            f"{meta.get('campaign_id')!r} does not match its campaign directory ({campaign_id!r})",
-            file="meta.json",
+            f"{meta.campaign_id!r} does not match its campaign directory ({campaign_id!r})",
+            file=layout.META,
             column="campaign_id",
         )
-    status = meta.text("status", required=True)
-    has_breakdown = "breakdown.json" in files
-    if status == "ok" and not has_breakdown:
-        raise ArtifactInvalid("status is ok but breakdown.json is missing", file="breakdown.json")
-    b = raw.Doc(raw.load_json(files, "breakdown.json") if has_breakdown else {}, "breakdown.json")
-    variant = meta.sub("variant")
-    concurrency = meta.number("load.concurrency", integer=True)
-    per_pos = b.get("counters.accepted_per_position")
-    if per_pos is not None and not (isinstance(per_pos, list) and all(isinstance(x, int) for x in per_pos)):
-        raise ArtifactInvalid(
-            "expected a list of whole numbers", file="breakdown.json", column="counters.accepted_per_position"
-        )
-    trace = meta.sub("trace")
+    has_breakdown = layout.BREAKDOWN in files
+    if meta.status == "ok" and not has_breakdown:
+        raise ArtifactInvalid("status is ok but breakdown.json is missing", file=layout.BREAKDOWN)
+    b = document(files, layout.BREAKDOWN, ProfileBreakdown) if has_breakdown else ProfileBreakdown()
+    workload = meta.workload
+    concurrency = meta.load.concurrency if meta.load else None
+    seconds, shares, counters = b.seconds or {}, b.shares or {}, b.counters
     row: dict[str, Any] = {
         "profile_key": f"{campaign_id}/{profile_id}",
         "profile_id": profile_id,
         "campaign_id": campaign_id,
-        "deployment_id": meta.text("deployment_id"),
-        "variant": variant.text("name", required=True),
-        "method": variant.text("method") or "none",
-        "k": variant.number("k", integer=True),
-        "variant_config": meta.json("variant"),
-        "workload": meta.text("workload.stratum"),
-        "workload_file": meta.text("workload.file"),
-        "workload_sha256": meta.text("workload.sha256"),
-        "load_label": raw.load_label("closed", concurrency, None),
+        "deployment_id": meta.deployment_id,
+        "variant": meta.variant.name,
+        "method": meta.variant.method or "none",
+        "k": meta.variant.k,
+        "variant_config": canonical_json(meta.variant),
+        "workload": workload.stratum if workload else None,
+        "workload_file": workload.file if workload else None,
+        "workload_sha256": workload.sha256 if workload else None,
+        "load_label": ids.load_label("closed", concurrency, None),
         "concurrency": concurrency,
-        "requests_planned": meta.number("load.requests", integer=True),
-        "requests_ok": meta.number("requests.ok", integer=True),
-        "requests_failed": meta.number("requests.failed", integer=True),
-        "profiler": meta.text("profiler", required=True),
-        "launcher": meta.text("deployment.launcher"),
-        "engine_version": meta.text("deployment.engine_version"),
-        "specgauge_version": meta.text("tool.specgauge_version"),
-        "git_revision": meta.text("tool.git_revision"),
-        "hostname": meta.text("host.hostname"),
-        "started_utc": meta.time("started_utc"),
-        "ended_utc": meta.time("ended_utc"),
-        "status": status,
-        "error": meta.text("error"),
-        "steps": b.number("trace_counts.steps", integer=True),
-        **{column: b.number(f"seconds.{key}") for column, key in SECONDS.items()},
-        **{share: b.number(f"shares.{share}") for share in SHARES},
-        "apportioning": b.text("apportioning"),
-        "drafts": b.number("counters.drafts", integer=True),
-        "draft_tokens": b.number("counters.draft_tokens", integer=True),
-        "accepted_tokens": b.number("counters.accepted_tokens", integer=True),
-        "acceptance_rate": b.number("counters.acceptance_rate"),
-        "accepted_per_position": per_pos,
-        "cross_check_ok": _cross_check_ok(b.sub("cross_checks")),
-        "trace_file": trace.text("file") or trace.text("pointer"),
-        "trace_sha256": trace.text("sha256"),
+        "requests_planned": meta.load.requests if meta.load else None,
+        "requests_ok": meta.requests.ok if meta.requests else None,
+        "requests_failed": meta.requests.failed if meta.requests else None,
+        "profiler": meta.profiler,
+        "launcher": meta.deployment.launcher if meta.deployment else None,
+        "engine_version": meta.deployment.engine_version if meta.deployment else None,
+        "specgauge_version": meta.tool.specgauge_version if meta.tool else None,
+        "git_revision": meta.tool.git_revision if meta.tool else None,
+        "hostname": meta.host.hostname if meta.host else None,
+        "started_utc": utc_datetime(meta.started_utc),
+        "ended_utc": utc_datetime(meta.ended_utc),
+        "status": meta.status,
+        "error": meta.error,
+        "steps": b.trace_counts.steps if b.trace_counts else None,
+        **{column: seconds.get(key) for column, key in SECONDS.items()},
+        **{share: shares.get(share) for share in SHARES},
+        "apportioning": b.apportioning,
+        "drafts": counters.drafts if counters else None,
+        "draft_tokens": counters.draft_tokens if counters else None,
+        "accepted_tokens": counters.accepted_tokens if counters else None,
+        "acceptance_rate": counters.acceptance_rate if counters else None,
+        "accepted_per_position": counters.accepted_per_position if counters else None,
+        "cross_check_ok": _cross_check_ok(b.cross_checks),
+        "trace_file": (meta.trace.file or meta.trace.pointer) if meta.trace else None,
+        "trace_sha256": meta.trace.sha256 if meta.trace else None,
         "source_path": source_path,
         "sha256": sha256,
     }
-    return {"profiles": raw.to_frame("profiles", [row])}
+    return {"profiles": to_frame(ProfileModel, [row])}
 
 
-PROFILE = register_kind(
-    ArtifactKind(
-        name="profile",
-        table="profiles",
-        key_column="profile_key",
-        discover=_discover,
-        frames=lambda ref, files, sha: profile_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
-        files=("meta.json", "breakdown.json"),
-        order=50,
-    )
+def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    yield from directory_refs("profile", layout.profiles_dir(campaign_dir), campaign_dir, prefix)
+
+
+KIND = ArtifactKind(
+    name="profile",
+    table="profiles",
+    key_column="profile_key",
+    discover=_discover,
+    frames=lambda ref, files, sha: profile_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    models={"profiles": ProfileModel},
+    files=layout.PROFILE_DOCUMENTS,
 )

@@ -1,0 +1,28 @@
+"""The artifact kinds the warehouse ingests, one module each: where the kind's artifacts are (discovery),
+how its files become rows (frames), what those rows must satisfy (its tables' pandera models), and how it is
+keyed and hashed (its ArtifactKind, `KIND`). The ingest engine (warehouse.ingest) walks KINDS in this order.
+
+A new table: a module here (copy the closest one), its `KIND` in KINDS, and a migration creating the table
+(warehouse/migrations/NNNN_name.sql).
+"""
+
+from __future__ import annotations
+
+from pandera.polars import DataFrameModel
+
+from warehouse.kinds import campaigns, captures, cells, deployments, gates, profiles
+from warehouse.kinds.base import ArtifactKind, ArtifactRef
+
+__all__ = ["KINDS", "MODELS", "ArtifactKind", "ArtifactRef"]
+
+KINDS: tuple[ArtifactKind, ...] = (
+    campaigns.KIND,
+    deployments.KIND,
+    cells.KIND,
+    captures.KIND,
+    profiles.KIND,
+    gates.KIND,  # after captures
+)
+
+# Every table's model, by table.
+MODELS: dict[str, type[DataFrameModel]] = {t: m for kind in KINDS for t, m in kind.models.items()}

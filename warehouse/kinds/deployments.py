@@ -1,0 +1,179 @@
+"""deployment.json (artifacts.documents.DeploymentFacts) into `deployments`; the engine settings that say
+whether two deployments were launched the same way (also read by the cells kind)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandera.polars as pa
+import polars as pl
+
+from artifacts import ids, layout
+from artifacts.documents import DeploymentFacts, EngineFacts, VariantFacts, utc_datetime
+from warehouse.errors import ArtifactInvalid
+from warehouse.frames import Files, Part, canonical_json, document, short_hash
+from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.models import METHODS, Exact
+
+# Engine arguments that differ between deployments of one configuration, or that define the variant:
+# left out of engine_settings, which must match for a speculative cell to be compared with a plain one.
+_PER_DEPLOYMENT_FLAGS = ("--host", "--port", "--served-model-name", "--speculative-config", "--api-key")
+_SECRET_FLAGS = ("--api-key",)
+
+
+class DeploymentModel(pa.DataFrameModel):
+    deployment_id: pl.String = pa.Field(str_length={"min_value": 1}, unique=True)
+    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
+    variant: pl.String = pa.Field(str_length={"min_value": 1})
+    method: pl.String = pa.Field(isin=METHODS)
+    k: pl.Int32 = pa.Field(nullable=True, gt=0)
+    variant_config: pl.String = pa.Field()
+    slot: pl.String = pa.Field(str_length={"min_value": 1})
+    repeat: pl.Int32 = pa.Field(nullable=True, ge=0)
+    control: pl.Int32 = pa.Field(nullable=True, ge=1)
+    launch: pl.Int32 = pa.Field(nullable=True, ge=1)
+    launcher: pl.String = pa.Field(str_length={"min_value": 1})
+    served_model_name: pl.String = pa.Field(nullable=True)
+    base_url: pl.String = pa.Field(nullable=True)
+    engine_command: pl.List(pl.String) = pa.Field(nullable=True)
+    engine_settings: pl.String = pa.Field(nullable=True)
+    engine_key: pl.String = pa.Field(nullable=True)
+    engine_version: pl.String = pa.Field(nullable=True)
+    kv_cache_tokens: pl.Int64 = pa.Field(nullable=True, gt=0)
+    max_model_len: pl.Int32 = pa.Field(nullable=True, gt=0)
+    status: pl.String = pa.Field(isin=["starting", "ready", "failed", "stopped"])
+    started_utc: pl.Datetime = pa.Field(nullable=True)
+    ready_s: pl.Float64 = pa.Field(nullable=True, ge=0)
+    stopped_utc: pl.Datetime = pa.Field(nullable=True)
+    teardown: pl.String = pa.Field(nullable=True)
+    job_id: pl.String = pa.Field(nullable=True)
+    pid: pl.Int64 = pa.Field(nullable=True)
+    extra: pl.String = pa.Field(nullable=True)
+    source_path: pl.String = pa.Field()
+    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
+
+    Config = Exact
+
+
+def engine_settings(
+    command: Sequence[str] | None,
+    launcher: str | None,
+    extra: Mapping[str, Any] | None,
+    variant_extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """What must be equal for two deployments to be 'launched the same way': the engine arguments minus
+    what differs per deployment (host, port, served name) or defines the variant (speculative config,
+    the variant's own extra args), plus the launcher kind and its KV-cache size."""
+    args = list(command or [])
+    start = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
+    args = args[start:]
+    if variant_extra_args and args[-len(variant_extra_args) :] == list(variant_extra_args):
+        args = args[: -len(variant_extra_args)]
+    kept: list[str] = []
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in _PER_DEPLOYMENT_FLAGS:
+            skip_next = "=" not in arg
+            continue
+        kept.append(arg)
+    return {
+        "args": kept,
+        "launcher": launcher,
+        "kv_cache_gib": (extra or {}).get("kv_cache_gib"),
+    }
+
+
+def settings_of(engine: EngineFacts | DeploymentFacts | None, variant: VariantFacts) -> dict[str, Any]:
+    """engine_settings of a deployment as a document records it."""
+    if engine is None:
+        return engine_settings(None, None, None, variant.extra_args or ())
+    return engine_settings(engine.command, engine.launcher, engine.extra, variant.extra_args or ())
+
+
+def mask_secrets(command: Sequence[str] | None) -> list[str] | None:
+    if command is None:
+        return None
+    out, hide = [], False
+    for arg in command:
+        flag = arg.split("=", 1)[0]
+        if hide:
+            out.append("***")
+            hide = False
+        elif flag in _SECRET_FLAGS:
+            out.append(f"{flag}=***" if "=" in arg else arg)
+            hide = "=" not in arg
+        else:
+            out.append(str(arg))
+    return out
+
+
+def deployment_frames(
+    source_path: str, campaign_id: str, deployment_id: str, files: Files, sha256: str
+) -> dict[str, Part]:
+    name = layout.DEPLOYMENT_FILE
+    facts = document(files, name, DeploymentFacts)
+    if facts.id != deployment_id:
+        raise ArtifactInvalid(
+            f"id {facts.id!r} does not match its directory {deployment_id!r}", file=name, column="id"
+        )
+    parsed = ids.parse_deployment_id(deployment_id)
+    settings = settings_of(facts, facts.variant)
+    row = {
+        "deployment_id": deployment_id,
+        "campaign_id": campaign_id,
+        "variant": facts.variant.name,
+        "method": facts.variant.method or "none",
+        "k": facts.variant.k,
+        "variant_config": canonical_json(facts.variant),
+        "slot": parsed.slot,
+        "repeat": parsed.repeat,
+        "control": parsed.control,
+        "launch": parsed.launch,
+        "launcher": facts.launcher,
+        "served_model_name": facts.served_model_name,
+        "base_url": facts.base_url,
+        "engine_command": mask_secrets(facts.command),
+        "engine_settings": canonical_json(settings),
+        "engine_key": short_hash(settings),
+        "engine_version": facts.engine_version,
+        "kv_cache_tokens": facts.kv_cache_tokens,
+        "max_model_len": facts.max_model_len,
+        "status": facts.status,
+        "started_utc": utc_datetime(facts.started_at or None),
+        "ready_s": facts.ready_s,
+        "stopped_utc": utc_datetime(facts.stopped_at),
+        "teardown": facts.teardown,
+        "job_id": None if facts.job_id is None else str(facts.job_id),
+        "pid": facts.pid,
+        "extra": None if facts.extra is None else canonical_json(facts.extra),
+        "source_path": source_path,
+        "sha256": sha256,
+    }
+    return {"deployments": [row]}
+
+
+def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    folder = layout.deployments_dir(campaign_dir)
+    for d in layout.subdirs(folder):  # launch ids are unique across campaigns: the key is the id alone
+        yield ArtifactRef(
+            "deployment", d.name, d, f"{prefix}/{folder.name}/{d.name}", campaign_dir.name, d.name
+        )
+
+
+KIND = ArtifactKind(
+    name="deployment",
+    table="deployments",
+    key_column="deployment_id",
+    discover=_discover,
+    frames=lambda ref, files, sha: deployment_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    models={"deployments": DeploymentModel},
+    sources={"deployments": layout.DEPLOYMENT_FILE},
+    immutable=False,  # deployment.json is rewritten at ready and at teardown
+    files=(layout.DEPLOYMENT_FILE,),  # not engine.log, which grows
+)

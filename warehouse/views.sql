@@ -1,0 +1,168 @@
+-- The warehouse's views, as they are now: (re)created after the migrations whenever this file changes
+-- (warehouse.db.apply_views; its checksum is kept in schema_views). Tables change only through migrations
+-- (append-only); views are derived, so they are simply replaced. A new column shows in a view by one line here.
+-- Views that others read come after them (v_cells before v_speedup).
+
+-- One row per cell: its latest attempt whose status is ok, with its speculation figures.
+CREATE OR REPLACE VIEW v_cells AS
+WITH attempts AS (
+    SELECT campaign_id, cell_id, count(*) AS attempts FROM cells GROUP BY campaign_id, cell_id
+), latest_ok AS (
+    SELECT * FROM cells WHERE status = 'ok'
+    QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
+)
+SELECT
+    c.campaign_id, c.cell_id, c.attempt, a.attempts, c.cell_key, c.deployment_id,
+    c.variant, c.method, c.k, c.repeat, c.workload, c.workload_file, c.workload_sha256,
+    c.load_label, c.load_mode, c.concurrency, c.rate, c.arrival, c.requests_planned, c.warmup, c.endpoint,
+    c.sampling, c.sampling_key, c.temperature, c.max_tokens,
+    c.engine_settings, c.engine_key, c.engine_version, c.kv_cache_tokens, c.launcher,
+    c.started_utc, c.ended_utc, c.capped,
+    c.requests_total, c.requests_ok, c.requests_failed, c.success_rate,
+    c.wall_s, c.output_throughput_tok_s, c.request_throughput_rps, c.completion_tokens, c.prompt_tokens,
+    c.ttft_mean_s, c.ttft_p50_s, c.ttft_p90_s, c.ttft_p95_s, c.ttft_p99_s,
+    c.tpot_mean_s, c.tpot_p50_s, c.tpot_p90_s, c.tpot_p95_s, c.tpot_p99_s,
+    c.e2e_mean_s, c.e2e_p50_s, c.e2e_p90_s, c.e2e_p95_s, c.e2e_p99_s,
+    c.chunk_gap_mean_s, c.chunk_gap_p50_s, c.chunk_gap_p90_s, c.chunk_gap_p95_s, c.chunk_gap_p99_s,
+    c.itl_per_token_mean_s, c.itl_per_token_p50_s, c.itl_per_token_p90_s, c.itl_per_token_p95_s,
+    c.itl_per_token_p99_s,
+    c.tokens_per_chunk_mean, c.tokens_exact,
+    c.goodput_ttft_slo_s, c.goodput_tpot_slo_s, c.goodput_share, c.goodput_rate_rps,
+    sd.acceptance_rate, sd.mean_acceptance_length, sd.decode_steps, sd.inferred_step_time_s,
+    c.gauge_kv_cache_usage_max, c.gauge_kv_cache_usage_mean, c.gauge_running_max, c.gauge_waiting_max,
+    c.gauge_preemptions,
+    c.check_tokens_per_chunk_ok, c.check_completion_tokens_ok, c.server_valid, c.server_problem
+FROM latest_ok c
+JOIN attempts a USING (campaign_id, cell_id)
+LEFT JOIN spec_decode sd USING (cell_key);
+
+-- Each speculative cell against the plain cell of the same campaign, workload (stratum and file hash),
+-- load (mode, concurrency, rate), endpoint, sampling, engine settings and repeat. Ratios > 1 mean faster.
+CREATE OR REPLACE VIEW v_speedup AS
+SELECT
+    s.campaign_id, s.cell_id, s.variant, s.method, s.k, s.repeat, s.workload,
+    s.load_label, s.load_mode, s.concurrency, s.rate,
+    b.cell_id AS baseline_cell_id, b.variant AS baseline_variant,
+    s.output_throughput_tok_s, b.output_throughput_tok_s AS baseline_output_throughput_tok_s,
+    s.output_throughput_tok_s / NULLIF(b.output_throughput_tok_s, 0) AS throughput_speedup,
+    s.request_throughput_rps / NULLIF(b.request_throughput_rps, 0) AS request_throughput_speedup,
+    s.ttft_p50_s, b.ttft_p50_s AS baseline_ttft_p50_s, b.ttft_p50_s / NULLIF(s.ttft_p50_s, 0) AS ttft_p50_speedup,
+    s.ttft_p95_s, b.ttft_p95_s AS baseline_ttft_p95_s, b.ttft_p95_s / NULLIF(s.ttft_p95_s, 0) AS ttft_p95_speedup,
+    s.tpot_p50_s, b.tpot_p50_s AS baseline_tpot_p50_s, b.tpot_p50_s / NULLIF(s.tpot_p50_s, 0) AS tpot_p50_speedup,
+    s.tpot_p95_s, b.tpot_p95_s AS baseline_tpot_p95_s, b.tpot_p95_s / NULLIF(s.tpot_p95_s, 0) AS tpot_p95_speedup,
+    s.acceptance_rate, s.mean_acceptance_length,
+    s.server_valid AND b.server_valid AS server_valid
+FROM v_cells s
+JOIN v_cells b
+  ON b.method = 'none'
+ AND s.method <> 'none'
+ AND b.campaign_id = s.campaign_id
+ AND b.workload = s.workload
+ AND b.workload_sha256 IS NOT DISTINCT FROM s.workload_sha256
+ AND b.load_mode = s.load_mode
+ AND b.concurrency IS NOT DISTINCT FROM s.concurrency
+ AND b.rate IS NOT DISTINCT FROM s.rate
+ AND b.endpoint IS NOT DISTINCT FROM s.endpoint
+ AND b.sampling_key = s.sampling_key
+ AND b.engine_key = s.engine_key
+ AND b.repeat = s.repeat;
+
+-- Speculation figures of every speculative cell whose server counters are valid (no restart).
+CREATE OR REPLACE VIEW v_acceptance AS
+SELECT
+    v.campaign_id, v.cell_id, v.variant, v.method, v.k, v.repeat, v.workload,
+    v.load_label, v.load_mode, v.concurrency, v.rate,
+    sd.drafts, sd.draft_tokens, sd.accepted_tokens, sd.acceptance_rate, sd.mean_acceptance_length,
+    (SELECT list(p.acceptance_rate ORDER BY p.position) FROM spec_decode_positions p
+      WHERE p.cell_key = v.cell_key) AS acceptance_rate_per_position,
+    sd.decode_steps, sd.inferred_step_time_s, v.tokens_per_chunk_mean, v.check_tokens_per_chunk_ok,
+    v.tpot_p50_s
+FROM v_cells v
+JOIN spec_decode sd USING (cell_key)
+WHERE v.method <> 'none' AND v.server_valid IS NOT FALSE;
+
+-- The same, one row per cell and draft position.
+CREATE OR REPLACE VIEW v_acceptance_positions AS
+SELECT
+    v.campaign_id, v.cell_id, v.variant, v.method, v.k, v.repeat, v.workload, v.load_label,
+    p.position, p.acceptance_rate
+FROM v_cells v
+JOIN spec_decode_positions p USING (cell_key)
+WHERE v.method <> 'none' AND v.server_valid IS NOT FALSE;
+
+-- Serving capacity per campaign, variant, workload and load (open-loop rate or closed-loop concurrency),
+-- over repeats: achieved throughput, goodput, tail latency and whether every repeat met the campaign's SLO.
+CREATE OR REPLACE VIEW v_capacity AS
+WITH per_cell AS (
+    SELECT
+        v.*,
+        coalesce(c.slo_ttft_p99_s, v.goodput_ttft_slo_s) AS slo_ttft,
+        coalesce(c.slo_tpot_p99_s, v.goodput_tpot_slo_s) AS slo_tpot
+    FROM v_cells v
+    LEFT JOIN campaigns c USING (campaign_id)
+)
+SELECT
+    campaign_id, variant, method, k, workload, load_mode, load_label, concurrency, rate AS offered_rate_rps,
+    count(*) AS repeats,
+    avg(request_throughput_rps) AS achieved_rps,
+    avg(output_throughput_tok_s) AS output_throughput_tok_s,
+    avg(goodput_rate_rps) AS goodput_rps,
+    avg(goodput_share) AS goodput_share,
+    avg(ttft_p99_s) AS ttft_p99_s,
+    max(ttft_p99_s) AS ttft_p99_s_worst,
+    avg(tpot_p99_s) AS tpot_p99_s,
+    max(tpot_p99_s) AS tpot_p99_s_worst,
+    any_value(slo_ttft) AS slo_ttft_p99_s,
+    any_value(slo_tpot) AS slo_tpot_p99_s,
+    -- false as soon as one repeat misses a limit; true when every repeat has both figures and meets both
+    CASE
+        WHEN bool_or(ttft_p99_s > slo_ttft OR tpot_p99_s > slo_tpot) THEN false
+        WHEN count(ttft_p99_s) = count(*) AND count(tpot_p99_s) = count(*)
+             AND count(slo_ttft) = count(*) AND count(slo_tpot) = count(*) THEN true
+    END AS slo_met
+FROM per_cell
+GROUP BY campaign_id, variant, method, k, workload, load_mode, load_label, concurrency, rate;
+
+-- One row per verdict: which speculative variant was judged against which control pairs, whether it passed,
+-- and the verdict in words. `verdict_rank` 1 is the latest verdict per campaign and variant.
+CREATE OR REPLACE VIEW v_gate AS
+SELECT
+    g.campaign_id,
+    g.treatment_variant,
+    g.verdict_id,
+    g.treatment_capture_a,
+    g.treatment_capture_b,
+    g.control_pairs,
+    g.passed,
+    g.outcome,
+    g.claim AS verdict,
+    g.failed_checks,
+    g.n_prompts,
+    g.exact_match_rate,
+    g.envelope_exact_match_min,
+    g.mean_prefix_fraction,
+    g.mean_edit_distance,
+    g.created_utc,
+    row_number() OVER (
+        PARTITION BY g.campaign_id, g.treatment_variant ORDER BY g.created_utc DESC, g.verdict_id DESC
+    ) AS verdict_rank
+FROM gate_verdicts g;
+
+-- One row per successfully profiled window: what share of measured engine time went to draft tokens that
+-- were rejected (wasted_share), and the rest of the split. The latest window per (campaign, variant, load,
+-- workload, profiler) comes first in `window_rank`.
+CREATE OR REPLACE VIEW v_profile_waste AS
+SELECT
+    p.campaign_id, p.profile_id, p.deployment_id, p.variant, p.method, p.k, p.workload,
+    p.load_label, p.concurrency, p.profiler,
+    p.wasted_share, p.wasted_share_of_added,
+    p.drafting_share, p.verification_share, p.rejection_share, p.other_share, p.useful_share,
+    p.added_share, p.wasted_drafting_share, p.wasted_verification_share,
+    p.acceptance_rate, p.drafts, p.draft_tokens, p.accepted_tokens,
+    p.engine_s, p.steps, p.apportioning, p.cross_check_ok, p.engine_version, p.started_utc,
+    row_number() OVER (
+        PARTITION BY p.campaign_id, p.variant, p.load_label, p.workload, p.profiler
+        ORDER BY p.started_utc DESC, p.profile_id DESC
+    ) AS window_rank
+FROM profiles p
+WHERE p.status = 'ok';
