@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from artifacts import layout
 from artifacts.documents import DeploymentFacts
 from artifacts.store import read_document, write_json
-from experiments.spec import TargetSpec, Variant
+from experiments.spec import Variant
 
 Status = Literal["starting", "ready", "failed", "stopped"]
 
