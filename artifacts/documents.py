@@ -223,6 +223,17 @@ class SamplingFacts(Document):
 # ------------------------------------------------------------------------------------------- deployment
 
 
+class DrafterFacts(Document):
+    """The drafter a deployment served (tasks.drafters.provenance.drafter_record): the method, the path as
+    the spec gave it, the sha256 over its weights and config.json (`drafter_digest`), and its training card's
+    facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled."""
+
+    method: Text
+    path: Text
+    sha256: Text | None = None  # None where the drafter is not readable from here (a hub id, a cluster path)
+    card: dict[str, Any] | None = None
+
+
 class EngineFacts(Document):
     """What a cell, capture or profile records of the deployment it ran on: a copy of its DeploymentFacts
     (older and hand-written documents have only some of the fields)."""
@@ -233,18 +244,8 @@ class EngineFacts(Document):
     kv_cache_tokens: Whole | None = None
     max_model_len: Whole | None = None
     job_id: Text | int | None = None
+    drafter: DrafterFacts | None = None
     extra: dict[str, Any] | None = None
-
-
-class DrafterFacts(Document):
-    """The drafter a deployment served (tasks.drafters.provenance.drafter_record): the method, the path as
-    the spec gave it, the sha256 over its weights and config.json (`drafter_digest`), and its training card's
-    facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled."""
-
-    method: Text
-    path: Text
-    sha256: Text | None = None  # None where the drafter is not readable from here (a hub id, a cluster path)
-    card: dict[str, Any] | None = None
 
 
 class DeploymentFacts(Document):

@@ -11,8 +11,9 @@ import duckdb
 import pandera.polars as pa
 import polars as pl
 import pytest
-from warehouse_fixtures import DATA_TABLES, RawBuilder, make_spec
+from warehouse_fixtures import DATA_TABLES, REPO, RawBuilder, make_spec
 
+from tasks.drafters.provenance import drafter_digest
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
 from warehouse.kinds.deployments import engine_settings
@@ -73,6 +74,14 @@ def test_ingest_loads_every_kind_with_its_rows(raw: RawBuilder, tmp_path: Path) 
         (per_cell, per_cell)
     ]
     assert rows(db, "SELECT count(*) FROM spec_decode") == [(8,)]  # speculative cells only
+    # the drafter served (its content hash) reaches every cell and deployment row of its variant
+    draft = drafter_digest(REPO / "models" / "tiny-draft")
+    for table in ("v_cells", "deployments"):
+        assert rows(db, f"SELECT variant, drafter_sha256 FROM {table} GROUP BY ALL ORDER BY 1") == [
+            ("draft-k3", draft),
+            ("ngram-k3", None),
+            ("plain", None),
+        ]
     assert rows(
         db, "SELECT DISTINCT k, count(*) OVER () FROM spec_decode_positions JOIN cells USING (cell_key)"
     )[0] == (3, 24)

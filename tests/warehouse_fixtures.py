@@ -25,6 +25,7 @@ from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan, plan_campai
 from experiments.spec import ExperimentSpec, parse_spec
 from specgauge.provenance import utc_now
 from tasks.campaign import record_campaign, record_run
+from tasks.drafters.provenance import drafter_record
 from tasks.launch.base import Deployment
 from tasks.launch.command import served_name, vllm_args
 from tasks.load.records import RequestRecord, records_frame
@@ -101,6 +102,7 @@ DEFAULT_PROFILES = {
     "ngram-k3": VariantProfile(ttft_s=0.055, tpot_s=0.016, tokens_per_chunk=1.6, acceptance_rate=0.30),
     "draft-k3": VariantProfile(ttft_s=0.060, tpot_s=0.012, tokens_per_chunk=2.2, acceptance_rate=0.55),
 }
+REPO = Path(__file__).resolve().parent.parent
 T0 = "2026-11-30T16:50:00.000Z"
 
 
@@ -194,6 +196,9 @@ class RawBuilder:
             pid=4242,
             stopped_at="2026-11-30T17:10:00.000Z",
             teardown="terminated",
+            drafter=drafter_record(variant.method, variant.drafter, REPO / variant.drafter)
+            if variant.drafter
+            else None,
             extra={"port": port, "kv_cache_gib": 1.0},
         )
 

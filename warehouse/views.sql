@@ -16,7 +16,7 @@ SELECT
     c.variant, c.method, c.k, c.repeat, c.workload, c.workload_file, c.workload_sha256,
     c.load_label, c.load_mode, c.concurrency, c.rate, c.arrival, c.requests_planned, c.warmup, c.endpoint,
     c.sampling, c.sampling_key, c.temperature, c.max_tokens,
-    c.engine_settings, c.engine_key, c.engine_version, c.kv_cache_tokens, c.launcher,
+    c.engine_settings, c.engine_key, c.engine_version, c.kv_cache_tokens, c.launcher, c.drafter_sha256,
     c.started_utc, c.ended_utc, c.capped,
     c.requests_total, c.requests_ok, c.requests_failed, c.success_rate,
     c.wall_s, c.output_throughput_tok_s, c.request_throughput_rps, c.completion_tokens, c.prompt_tokens,
@@ -71,7 +71,7 @@ JOIN v_cells b
 CREATE OR REPLACE VIEW v_acceptance AS
 SELECT
     v.campaign_id, v.cell_id, v.variant, v.method, v.k, v.repeat, v.workload,
-    v.load_label, v.load_mode, v.concurrency, v.rate,
+    v.load_label, v.load_mode, v.concurrency, v.rate, v.drafter_sha256,
     sd.drafts, sd.draft_tokens, sd.accepted_tokens, sd.acceptance_rate, sd.mean_acceptance_length,
     (SELECT list(p.acceptance_rate ORDER BY p.position) FROM spec_decode_positions p
       WHERE p.cell_key = v.cell_key) AS acceptance_rate_per_position,

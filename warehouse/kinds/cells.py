@@ -78,6 +78,7 @@ class CellFacts(pa.DataFrameModel):
     engine_key: pl.String = pa.Field()
     engine_version: pl.String = pa.Field(nullable=True)
     kv_cache_tokens: pl.Int64 = pa.Field(nullable=True, gt=0)
+    drafter_sha256: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
     launcher: pl.String = pa.Field(nullable=True)
     job_id: pl.String = pa.Field(nullable=True)
     specgauge_version: pl.String = pa.Field(nullable=True)
@@ -298,6 +299,7 @@ def cell_frames(
         "engine_key": short_hash(settings),
         "engine_version": engine.engine_version if engine else None,
         "kv_cache_tokens": engine.kv_cache_tokens if engine else None,
+        "drafter_sha256": engine.drafter.sha256 if engine and engine.drafter else None,
         "launcher": engine.launcher if engine else None,
         "job_id": None if engine is None or engine.job_id is None else str(engine.job_id),
         "specgauge_version": meta.tool.specgauge_version if meta.tool else None,

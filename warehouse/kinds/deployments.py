@@ -42,6 +42,7 @@ class DeploymentModel(pa.DataFrameModel):
     engine_key: pl.String = pa.Field(nullable=True)
     engine_version: pl.String = pa.Field(nullable=True)
     kv_cache_tokens: pl.Int64 = pa.Field(nullable=True, gt=0)
+    drafter_sha256: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
     max_model_len: pl.Int32 = pa.Field(nullable=True, gt=0)
     status: pl.String = pa.Field(isin=["starting", "ready", "failed", "stopped"])
     started_utc: pl.Datetime = pa.Field(nullable=True)
@@ -143,6 +144,7 @@ def deployment_frames(
         "engine_key": short_hash(settings),
         "engine_version": facts.engine_version,
         "kv_cache_tokens": facts.kv_cache_tokens,
+        "drafter_sha256": facts.drafter.sha256 if facts.drafter else None,
         "max_model_len": facts.max_model_len,
         "status": facts.status,
         "started_utc": utc_datetime(facts.started_at or None),
