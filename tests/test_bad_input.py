@@ -30,7 +30,7 @@ from test_reliability_support import REPO, corpus, ledger_ids, write_spec
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant, parse_spec
 from experiments.spec import SmlLauncher as SmlSpec
-from specgauge.errors import HealthGateTimeout, InputError, MetricsError, SpecError
+from specgauge.errors import ReadinessTimeout, InputError, MetricsError, SpecError
 from tasks.cell import prompt_fit_problems, run_cell
 from tasks.health import wait_ready
 from tasks.launch.command import vllm_args
@@ -474,7 +474,7 @@ def test_an_unreachable_endpoint_is_named(tmp_path: Path, observe) -> None:
             deployment_id="rel.unreachable.l1",
             directory=tmp_path,
         )
-        with pytest.raises(HealthGateTimeout) as raised:
+        with pytest.raises(ReadinessTimeout) as raised:
             wait_ready(deployment, launcher, timeout_s=2, poll_s=0.5)
         launcher.teardown(deployment)
 
@@ -495,7 +495,7 @@ def test_an_unreachable_endpoint_is_named(tmp_path: Path, observe) -> None:
     observe(
         "unreachable endpoint",
         done="the endpoint launcher and the client pointed at a port that refuses connections",
-        expected="the health gate ends with HealthGateTimeout naming the URL and the last failure; a request "
+        expected="the readiness check ends with ReadinessTimeout naming the URL and the last failure; a request "
         "is recorded failed as `connect`; nothing else written",
         observed=f"`{message.splitlines()[0][:150]}`; request record: {record.error_class} ({record.error[:60]})",
         records_lost=0,
