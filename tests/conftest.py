@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
+from emulator_fixture import emulator, emulator_session  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engine.lock"))
 
@@ -106,10 +109,6 @@ def engines(engine_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield pool
     finally:
         pool.stop()
-
-
-# The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
-from emulator_fixture import emulator, emulator_session  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -329,7 +329,7 @@ def test_readiness_timeout_is_retried_torn_down_and_resumable(
 
     # Same retries as in production, without the 10 s wait between them.
     monkeypatch.setattr(
-        flow_module, "launch_and_gate", flow_module.launch_and_gate.with_options(retry_delay_seconds=0)
+        flow_module, "launch_until_ready", flow_module.launch_until_ready.with_options(retry_delay_seconds=0)
     )
     work = corpus(tmp_path / "g.jsonl", [("ok-0", "code", "def add(a, b):", 8)])
     spec = write_spec(

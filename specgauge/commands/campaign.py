@@ -118,8 +118,8 @@ def register(app: typer.Typer) -> None:
         gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
         analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
     ) -> None:
-        """Run a campaign: launch each variant, gate it, measure every cell, capture, tear down; then ingest,
-        gate and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
+        """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
+        then profile, gate, ingest and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
         corpus, label, a draft with another vocabulary) exits with code 2 before anything is written."""
         run_campaign_cli(spec, label, ingest, gate, analyze)
 
