@@ -30,7 +30,7 @@ from test_reliability_support import REPO, corpus, ledger_ids, write_spec
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, TargetSpec, Variant, parse_spec
 from experiments.spec import SmlLauncher as SmlSpec
-from specgauge.errors import ReadinessTimeout, InputError, MetricsError, SpecError
+from specgauge.errors import InputError, MetricsError, ReadinessTimeout, SpecError
 from tasks.cell import prompt_fit_problems, run_cell
 from tasks.health import wait_ready
 from tasks.launch.command import vllm_args

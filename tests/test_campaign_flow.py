@@ -107,7 +107,10 @@ def test_a_bad_spec_fails_the_flow_naming_the_field(prefect_harness: None, tmp_p
     bad.write_text(text)
     with pytest.raises(SpecError) as info:
         campaign(spec=str(bad))
-    line = text.splitlines().index("  - name: draft-k3") + 1  # the variant's own line: the file, line and field
-    assert f"{bad}:{line}: variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0" in str(
-        info.value
+    line = (
+        text.splitlines().index("  - name: draft-k3") + 1
+    )  # the variant's own line: the file, line and field
+    assert (
+        f"{bad}:{line}: variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0"
+        in str(info.value)
     )

@@ -13,7 +13,7 @@ from stand_ins.gateway import Gateway
 
 from experiments.spec import EndpointLauncher as EndpointSpec
 from experiments.spec import TargetSpec, Variant
-from specgauge.errors import ReadinessTimeout, InputError
+from specgauge.errors import InputError, ReadinessTimeout
 from tasks.health import wait_ready
 from tasks.launch import ledger
 from tasks.launch.endpoint import EndpointConfig, EndpointLauncher, resolve_endpoint
