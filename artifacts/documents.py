@@ -252,7 +252,7 @@ class DeploymentFacts(Document):
     """deployments/<launch_id>/deployment.json: one launched (or adopted) engine serving one variant,
     written by tasks.launch.base.Deployment.save at launch, when ready and at teardown (a living record).
     `id` is the launch id (artifacts.ids.launch_id); times are UTC ISO-8601; `ready_s` is how long the
-    health gate waited; `extra` holds launcher-specific facts (port, kv_cache_gib, node, ...). The API key
+    readiness check waited; `extra` holds launcher-specific facts (port, kv_cache_gib, node, ...). The API key
     is never written."""
 
     id: Text

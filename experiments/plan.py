@@ -42,6 +42,17 @@ class DeploymentPlan:
 
 
 @dataclass(frozen=True)
+class GatePlan:
+    """What the correctness gate compares: each speculative variant's first repeat (`treatments`: variant,
+    capture) against plain's first capture (`plain`), within the envelope of the plain-vs-plain `controls`
+    (the same deployment captured again, and separately launched plain deployments)."""
+
+    plain: str
+    treatments: tuple[tuple[str, str], ...]
+    controls: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class CampaignPlan:
     campaign_id: str
     spec_sha256: str
@@ -49,9 +60,28 @@ class CampaignPlan:
     orders: tuple[tuple[str, ...], ...]  # variant order per repeat (randomised, recorded)
     deployments: tuple[DeploymentPlan, ...]
     corpora: dict[str, Corpus] = field(default_factory=dict, compare=False)
+    gate: GatePlan | None = None  # None when the spec captures nothing
 
     def cells(self) -> list[tuple[DeploymentPlan, CellPlan]]:
         return [(d, c) for d in self.deployments for c in d.cells]
+
+
+def gate_plan(plain: Variant, deployments: tuple[DeploymentPlan, ...]) -> GatePlan:
+    """The gate's pairs, from the captures the deployments take (plan_campaign decides those)."""
+    base = f"{plain.name}.r0"
+    treatments = tuple(
+        (d.variant.name, f"{d.variant.name}.r0")
+        for d in deployments
+        if d.role == "arm" and d.repeat == 0 and d.variant.speculative
+    )
+    controls = tuple(
+        (base, capture)
+        for d in deployments
+        if d.variant.name == plain.name
+        for capture in d.captures
+        if capture != base
+    )
+    return GatePlan(plain=base, treatments=treatments, controls=controls)
 
 
 def spec_digest(spec: ExperimentSpec) -> str:
@@ -159,4 +189,5 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
         orders=tuple(orders),
         deployments=tuple(deployments),
         corpora=corpora,
+        gate=gate_plan(spec.plain, tuple(deployments)) if spec.capture.enabled else None,
     )

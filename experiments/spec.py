@@ -1,7 +1,8 @@
 """The experiment spec: what a campaign launches, loads and compares. YAML in, validated pydantic out.
 
-Errors name the file and the field (`experiments/demo.yaml: variants[2].k: must be > 0`). Unknown fields
-are errors too: a misspelt option must not silently fall back to a default.
+Errors name the file, the line and the field (`experiments/demo.yaml:22: variants[2].k: must be > 0`), every
+problem of the file at once. Unknown fields are errors too: a misspelt option must not silently fall back to
+a default.
 """
 
 from __future__ import annotations
@@ -398,31 +399,89 @@ class ExperimentSpec(Strict):
         return next(v for v in self.variants if v.method == "none")
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
+Location = tuple[int | str, ...]
+LAUNCHER_TAGS = ("local", "endpoint", "slurm", "sml")
+
+
+def _user_loc(loc: Location) -> Location:
+    """The location as the user wrote it: without the launcher's discriminator tag pydantic inserts."""
+    out: list[int | str] = []
     for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("local", "endpoint", "slurm", "sml") and out.endswith("launcher"):
-            continue  # discriminator tag in the location: not a field the user wrote
-        else:
-            out += f".{part}" if out else str(part)
+        if part in LAUNCHER_TAGS and out == ["launcher"]:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _field_path(loc: Location) -> str:
+    out = ""
+    for part in _user_loc(loc):
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(spec)"
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+def _knock_on(err: dict[str, Any], errors: list[dict[str, Any]]) -> bool:
+    """An error that only repeats another: a list left too short because its items failed (pydantic counts
+    only the items that validated, so one bad variant in a one-variant file also reads "at least 1 item")."""
+    loc = err["loc"]
+    return err["type"] == "too_short" and any(
+        other["loc"][: len(loc)] == loc and len(other["loc"]) > len(loc) for other in errors
+    )
+
+
+def yaml_lines(text: str) -> dict[Location, int]:
+    """Where each field of a YAML document is written: location (as in pydantic's errors) -> 1-based line.
+    A mapping entry maps to its key's line, a list item to the line where the item starts."""
+    lines: dict[Location, int] = {}
+
+    def walk(node: yaml.Node, loc: Location) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    lines[(*loc, key.value)] = key.start_mark.line + 1
+                    walk(value, (*loc, key.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                lines[(*loc, index)] = item.start_mark.line + 1
+                walk(item, (*loc, index))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _line_of(loc: Location, lines: dict[Location, int]) -> int | None:
+    """The line of the innermost part of `loc` the file has (a missing field: the section that lacks it)."""
+    loc = _user_loc(loc)
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | None = None) -> ExperimentSpec:
+    """Validate a spec's data; `lines` (from yaml_lines) adds the line to each problem reported."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
+        errors = exc.errors()
+        problems = []
+        for err in errors:
+            if _knock_on(err, errors):
+                continue
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check its spelling)"
-            lines.append(f"{source}: {_field_path(err['loc'])}: {msg}")
-        raise SpecError("\n".join(lines)) from None
+            line = _line_of(err["loc"], lines or {})
+            where = f"{source}:{line}" if line is not None else source
+            problems.append(f"{where}: {_field_path(err['loc'])}: {msg}")
+        raise SpecError("\n".join(problems)) from None
 
 
 def load_spec(path: Path | str) -> ExperimentSpec:
@@ -439,4 +498,4 @@ def load_spec(path: Path | str) -> ExperimentSpec:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
         raise SpecError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_spec(data, str(path))
+    return parse_spec(data, str(path), yaml_lines(text))

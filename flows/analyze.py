@@ -7,20 +7,16 @@ retry on lock contention, and Prefect artifacts pointing at the report.
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+from pathlib import Path
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.artifacts import create_link_artifact, create_markdown_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from analysis.run import analyze_campaign  # noqa: E402
-from flows.ingest import ensure_writer_limit  # noqa: E402
-from tasks.ingest import only_lock_contention, writer_slot  # noqa: E402
+from analysis.run import analyze_campaign
+from flows.ingest import ensure_writer_limit
+from tasks.ingest import only_lock_contention, writer_slot
 
 
 def _artifact_key(campaign_id: str) -> str:

@@ -1,60 +1,64 @@
 """The campaign flow: the study's protocol, top to bottom.
 
-For every repeat, in a per-repeat random order of variants (recorded): launch a deployment, gate its
-health, run every cell on it, capture greedy outputs, tear it down. Then the extra plain launches the
-correctness gate needs as a cross-deployment control; then ingest into the warehouse, gate every
-speculative variant, and analyse. Re-running the same spec resumes: finished cells and captures are skipped.
+plan (the spec read and planned once, bad input refused before anything is written), reap what a crashed run
+left, then one deployment subflow per slot: for every repeat, in a per-repeat random order of variants
+(recorded), launch, wait until ready, run every cell, capture greedy outputs, tear down; then the extra plain
+launches the correctness gate needs as cross-deployment controls. Then profile one window, gate every
+speculative variant (its verdicts are raw artifacts), ingest the raw tree once, analyse, and record the run.
+Re-running the same spec resumes: finished cells, captures, profiles and verdicts are skipped.
 """
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+import logging
+from pathlib import Path
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from artifacts import layout  # noqa: E402
-from blocks import SavedBlocks, resolve_launcher_config  # noqa: E402
-from experiments.plan import CampaignPlan, DeploymentPlan, plan_campaign, resolve_repo_path  # noqa: E402
-from experiments.spec import ExperimentSpec, load_spec  # noqa: E402
-from flows.retry import is_transient  # noqa: E402
-from specgauge import progress  # noqa: E402
-from specgauge.errors import LaunchError  # noqa: E402
-from specgauge.provenance import utc_now  # noqa: E402
-from tasks import campaign as state  # noqa: E402
-from tasks.cell import CellOutcome, run_cell  # noqa: E402
-from tasks.health import wait_ready  # noqa: E402
-from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftovers  # noqa: E402
-from tasks.launch.base import Deployment  # noqa: E402
+from artifacts import layout
+from blocks import SavedBlocks, resolve_launcher_config
+from experiments.plan import (
+    CampaignPlan,
+    CellPlan,
+    DeploymentPlan,
+    campaign_id_for,
+    plan_campaign,
+    resolve_repo_path,
+)
+from experiments.spec import ExperimentSpec, load_spec
+from flows.analyze import analyze as analyze_flow
+from flows.gate import gate_campaign
+from flows.ingest import ingest as ingest_flow
+from flows.profile import earlier_profile
+from flows.profile import profile as profile_flow
+from flows.retry import is_transient
+from specgauge import progress
+from specgauge.errors import LaunchError
+from specgauge.provenance import utc_now
+from tasks import campaign as state
+from tasks.capture import capture
+from tasks.cell import CellOutcome, run_cell
+from tasks.health import wait_ready
+from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftovers
+from tasks.launch.base import Deployment
+from tasks.outcome import SlotOutcome, artifact_key, cell_log_line, failed_cells, report_markdown
+from workloads.schema import Corpus
 
 MAX_LAUNCHES_PER_SLOT = 3  # a deployment that keeps dying is recorded as failed, the campaign goes on
 
 
-@task(name="reap-leftovers", cache_policy=NO_CACHE)
-def reap_task() -> list[dict[str, Any]]:
-    done = reap_leftovers(saved=SavedBlocks())
-    if done:
-        get_run_logger().warning(
-            "stopped deployments a crashed run left: %s",
-            ", ".join(f"{d['id']} ({d['outcome']})" for d in done),
-        )
-    return done
-
-
+# -- the deployment subflow -----------------------------------------------------------------------------------
 @task(
-    name="launch-and-gate",
+    name="launch-until-ready",
     cache_policy=NO_CACHE,
     retries=2,
     retry_delay_seconds=10,
     retry_condition_fn=is_transient,
 )
-def launch_and_gate(
+def launch_until_ready(
     spec: ExperimentSpec, launcher: Launcher, slot: DeploymentPlan, directory: Path
 ) -> Deployment:
     """Launch and wait until ready. A launch that dies (transient) is torn down and retried with a new id."""
@@ -81,10 +85,11 @@ def launch_and_gate(
 @task(name="cell", cache_policy=NO_CACHE)
 def cell_task(
     deployment: Deployment,
-    cell,
+    cell: CellPlan,
     spec: ExperimentSpec,
-    plan: CampaignPlan,
+    campaign_id: str,
     slot: DeploymentPlan,
+    corpus: Corpus,
     directory: Path,
 ) -> CellOutcome:
     reporter = progress.current()
@@ -92,9 +97,9 @@ def cell_task(
     outcome = run_cell(
         deployment,
         cell,
-        campaign_id=plan.campaign_id,
+        campaign_id=campaign_id,
         repeat=slot.repeat,
-        corpus=plan.corpora[cell.corpus_file],
+        corpus=corpus,
         sampling=spec.sampling,
         load=spec.load,
         slo=spec.slo,
@@ -103,30 +108,20 @@ def cell_task(
         on_record=lambda record: reporter.request_done(),
     )
     reporter.cell_done(cell.cell_id, outcome.status)
-    logger = get_run_logger()
-    s = outcome.summary
-    if outcome.status == "ok" and s.requests and s.latency_s and s.latency_s.ttft and s.latency_s.tpot:
-        logger.info(
-            "%s: %d/%d ok, %.1f tok/s, TTFT p50 %.3f s, TPOT p50 %s",
-            cell.cell_id,
-            s.requests.ok,
-            s.requests.total,
-            s.output_throughput_tok_s or 0,
-            s.latency_s.ttft.p50 or 0,
-            s.latency_s.tpot.p50,
-        )
-    elif outcome.status != "ok":
-        logger.error("%s failed: %s", cell.cell_id, s.error)
+    line = cell_log_line(cell.cell_id, outcome.status, outcome.summary)
+    get_run_logger().log(logging.INFO if outcome.status == "ok" else logging.ERROR, "%s", line)
     return outcome
 
 
 @task(name="capture", cache_policy=NO_CACHE)
 def capture_task(
-    deployment: Deployment, capture_id: str, spec: ExperimentSpec, plan: CampaignPlan, directory: Path
+    deployment: Deployment,
+    capture_id: str,
+    spec: ExperimentSpec,
+    campaign_id: str,
+    corpus: Corpus,
+    directory: Path,
 ) -> Path:
-    from tasks.capture import capture
-
-    corpus = plan.corpora[spec.capture.corpus]
     return capture(
         deployment,
         corpus,
@@ -135,7 +130,7 @@ def capture_task(
         limit=spec.capture.limit,
         raw_campaign_dir=directory,
         capture_id=capture_id,
-        campaign_id=plan.campaign_id,
+        campaign_id=campaign_id,
     )
 
 
@@ -144,72 +139,161 @@ def teardown_task(launcher: Launcher, deployment: Deployment) -> None:
     launcher.teardown(deployment)
 
 
-@flow(name="deployment", flow_run_name="{slot_id}")
-def deployment_flow(spec_path: str, label: str | None, slot_id: str) -> dict[str, Any]:
-    """One deployment slot: launch, gate, cells, captures, teardown; relaunch if the engine dies mid-way."""
-    spec = load_spec(spec_path)
-    plan = plan_campaign(spec, label)
-    slot = next(d for d in plan.deployments if d.deployment_id == slot_id)
-    directory = state.campaign_dir(plan.campaign_id)
+@flow(name="deployment", flow_run_name="{slot.variant.name}-r{slot.repeat}-{slot.role}")
+def deployment_flow(
+    spec: ExperimentSpec, campaign_id: str, slot: DeploymentPlan, corpora: dict[str, Corpus]
+) -> dict[str, Any]:
+    """One deployment slot of a planned campaign: launch, wait until ready, cells, captures, teardown;
+    relaunch if the engine dies mid-way. `corpora` holds the workload files its cells and captures use."""
+    directory = state.campaign_dir(campaign_id)
     launcher = launcher_for(spec, resolve_launcher_config(spec.launcher))
     logger = get_run_logger()
     reporter = progress.current()
-    outcome: dict[str, Any] = {"slot": slot.deployment_id, "cells": {}, "captures": [], "launches": []}
+    outcome = SlotOutcome(slot=slot.deployment_id)
     for _ in range(MAX_LAUNCHES_PER_SLOT):
         todo_cells = [c for c in slot.cells if not state.cell_done(directory, c)]
         todo_captures = [c for c in slot.captures if not state.capture_done(directory, c)]
         for cell in slot.cells:
             if cell not in todo_cells:
-                outcome["cells"].setdefault(cell.cell_id, "ok (earlier run)")
+                outcome.cells.setdefault(cell.cell_id, "ok (earlier run)")
                 reporter.cell_done(cell.cell_id, "ok")
         if not todo_cells and not todo_captures:
             break
         reporter.deployment(slot.deployment_id, "launching")
         try:
-            deployment = launch_and_gate(spec, launcher, slot, directory)
+            deployment = launch_until_ready(spec, launcher, slot, directory)
         except LaunchError as exc:
             logger.error("%s could not be launched: %s", slot.deployment_id, exc)
-            outcome["error"] = str(exc).splitlines()[0]
-            for cell in todo_cells:
-                outcome["cells"][cell.cell_id] = "not run (launch failed)"
-            return outcome
-        outcome["launches"].append(deployment.id)
+            outcome.error = str(exc).splitlines()[0]
+            outcome.not_run([c.cell_id for c in todo_cells], "launch failed")
+            return outcome.as_dict()
+        outcome.launches.append(deployment.id)
         reporter.deployment(deployment.id, f"ready in {deployment.ready_s:.0f} s")
         died = False
         try:
             for cell in todo_cells:
-                result = cell_task(deployment, cell, spec, plan, slot, directory)
-                outcome["cells"][cell.cell_id] = result.status
+                corpus = corpora[cell.corpus_file]
+                result = cell_task(deployment, cell, spec, campaign_id, slot, corpus, directory)
+                outcome.cells[cell.cell_id] = result.status
                 if result.status != "ok" and launcher.alive(deployment) is False:
                     logger.error("engine of %s died during %s; relaunching", deployment.id, cell.cell_id)
                     died = True
                     break
             if not died:
                 for capture_id in todo_captures:
-                    capture_task(deployment, capture_id, spec, plan, directory)
-                    outcome["captures"].append(capture_id)
+                    corpus = corpora[spec.capture.corpus]
+                    capture_task(deployment, capture_id, spec, campaign_id, corpus, directory)
+                    outcome.captures.append(capture_id)
         finally:
             teardown_task(launcher, deployment)
         if not died:
             break
     else:
-        outcome["error"] = f"engine died {MAX_LAUNCHES_PER_SLOT} times"
-    return outcome
+        outcome.error = f"engine died {MAX_LAUNCHES_PER_SLOT} times"
+    return outcome.as_dict()
+
+
+def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan) -> dict[str, Corpus]:
+    """The workload files one slot needs (its cells', and the capture corpus if it captures)."""
+    files = {c.corpus_file for c in slot.cells} | ({spec.capture.corpus} if slot.captures else set())
+    return {f: plan.corpora[f] for f in sorted(files)}
+
+
+# -- the campaign's steps -------------------------------------------------------------------------------------
+def plan_step(spec: str, label: str | None) -> tuple[ExperimentSpec, CampaignPlan, Path]:
+    """Read and plan the spec once; refuse bad input before anything is written; record campaign.json."""
+    spec_path = resolve_repo_path(spec)
+    experiment = load_spec(spec_path)
+    plan = plan_campaign(experiment, label)
+    check_launchable(experiment, source=str(spec_path))
+    directory = state.record_campaign(plan, experiment)
+    get_run_logger().info(
+        "campaign %s: %d deployments, %d cells; variant order per repeat %s",
+        plan.campaign_id,
+        len(plan.deployments),
+        len(plan.cells()),
+        [list(o) for o in plan.orders],
+    )
+    progress.current().campaign(len(plan.cells()), len(plan.deployments))
+    return experiment, plan, directory
+
+
+@task(name="reap-leftovers", cache_policy=NO_CACHE)
+def reap_task() -> list[dict[str, Any]]:
+    done = reap_leftovers(saved=SavedBlocks())
+    if done:
+        get_run_logger().warning(
+            "stopped deployments a crashed run left: %s",
+            ", ".join(f"{d['id']} ({d['outcome']})" for d in done),
+        )
+    return done
+
+
+def profile_step(experiment: ExperimentSpec, plan: CampaignPlan, directory: Path) -> dict[str, Any] | None:
+    """The spec's profiled window, unless an earlier run of the campaign has it already."""
+    p = experiment.profile
+    if p is None:
+        return None
+    earlier = earlier_profile(directory, p.variant)
+    if earlier is not None:
+        get_run_logger().info("profile of %s exists (%s): skipped", p.variant, earlier["path"])
+        return earlier
+    return profile_flow(
+        spec=experiment,
+        variant=p.variant,
+        concurrency=p.concurrency,
+        requests=p.requests,
+        warmup=p.warmup,
+        stratum=p.stratum,
+        campaign_id=plan.campaign_id,
+    )
+
+
+def record_step(plan: CampaignPlan, directory: Path, started: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The run's immutable record, and the Prefect artifacts: a table of cells, where the results are."""
+    failed = failed_cells(result["deployments"])
+    result["failed_cells"] = failed
+    state.record_run(
+        directory,
+        {
+            "campaign_id": plan.campaign_id,
+            "started_utc": started,
+            "ended_utc": utc_now(),
+            "deployments": result["deployments"],
+            "failed_cells": failed,
+        },
+    )
+    create_table_artifact(
+        key=artifact_key(plan.campaign_id),
+        table=state.headline_rows(directory, plan),
+        description=f"Cells of campaign {plan.campaign_id} and their headline figures",
+    )
+    analysis = result.get("analysis")
+    report = analysis.get("report") if isinstance(analysis, dict) else None
+    create_markdown_artifact(
+        key=artifact_key(plan.campaign_id) + "-report",
+        markdown=report_markdown(plan, directory, report, failed),
+        description=f"Where the results of {plan.campaign_id} are",
+    )
+    return result
 
 
 def _reap_on_exit(flow, flow_run, state) -> None:
     """on_cancellation/on_crashed hook: whatever this process launched and did not tear down is stopped.
-    The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword. Only this
-    campaign's deployments: the process may hold others (a test session's shared engines)."""
+    The parameters keep Prefect's names: a runner (serve, worker) calls hooks by keyword, often in another
+    process than the flow's, so the campaign id is derived from the run's parameters (the spec's digest and
+    the label: no planning). Only this campaign's deployments: the process may hold others (a test
+    session's shared engines)."""
     try:
         parameters = flow_run.parameters
         experiment = load_spec(resolve_repo_path(parameters.get("spec", "experiments/demo.yaml")))
-        prefix = plan_campaign(experiment, parameters.get("label")).campaign_id + "."
+        prefix = campaign_id_for(experiment, parameters.get("label")) + "."
     except Exception:  # a spec that cannot be read any more: stop everything this process left
         prefix = ""
     reap_leftovers(include_own=True, id_prefix=prefix, saved=SavedBlocks())
 
 
+# -- the protocol ---------------------------------------------------------------------------------------------
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)
 def campaign(
     spec: str = "experiments/demo.yaml",
@@ -219,99 +303,22 @@ def campaign(
     analyze: bool = True,
 ) -> dict[str, Any]:
     """Run a campaign from an experiment spec (a YAML path relative to the repo root, or absolute)."""
-    logger = get_run_logger()
-    spec_path = resolve_repo_path(spec)
-    experiment = load_spec(spec_path)
-    plan = plan_campaign(experiment, label)
-    # bad input is refused before anything is written or launched
-    check_launchable(experiment, source=str(spec_path))
-    directory = state.record_campaign(plan, experiment)
+    experiment, plan, directory = plan_step(spec, label)
     started = utc_now()
-    logger.info(
-        "campaign %s: %d deployments, %d cells; variant order per repeat %s",
-        plan.campaign_id,
-        len(plan.deployments),
-        len(plan.cells()),
-        [list(o) for o in plan.orders],
-    )
-    progress.current().campaign(len(plan.cells()), len(plan.deployments))
+    result: dict[str, Any] = {"campaign_id": plan.campaign_id, "directory": str(directory)}
     reap_task()
-    slots = [deployment_flow(str(spec_path), label, slot.deployment_id) for slot in plan.deployments]
-
-    result: dict[str, Any] = {
-        "campaign_id": plan.campaign_id,
-        "directory": str(directory),
-        "deployments": slots,
-    }
+    result["deployments"] = [
+        deployment_flow(experiment, plan.campaign_id, slot, slot_corpora(experiment, plan, slot))
+        for slot in plan.deployments
+    ]
     if experiment.profile is not None:
-        from flows.profile import earlier_profile
-        from flows.profile import profile as profile_flow
-
-        p = experiment.profile
-        result["profile"] = earlier_profile(directory, p.variant)
-        if result["profile"] is not None:
-            logger.info("profile of %s exists (%s): skipped", p.variant, result["profile"]["path"])
-        else:
-            result["profile"] = profile_flow(
-                spec=str(spec_path),
-                variant=p.variant,
-                concurrency=p.concurrency,
-                requests=p.requests,
-                warmup=p.warmup,
-                stratum=p.stratum,
-                label=label,
-            )
-    if ingest:
-        from flows.ingest import ingest as ingest_flow
-
+        result["profile"] = profile_step(experiment, plan, directory)
+    if gate and plan.gate is not None:
+        result["gates"] = gate_campaign(
+            campaign_id=plan.campaign_id, directory=str(directory), pairs=plan.gate
+        )
+    if ingest:  # once, after the gate: its verdicts are raw artifacts too
         result["ingest"] = ingest_flow(raw_dir=str(directory.parent), campaign_id=plan.campaign_id)
-    if gate and experiment.capture.enabled:
-        from flows.gate import gate_campaign
-
-        result["gates"] = gate_campaign(campaign_id=plan.campaign_id, directory=str(directory))
-        if ingest:
-            result["ingest_gates"] = ingest_flow(raw_dir=str(directory.parent), campaign_id=plan.campaign_id)
-    if analyze and ingest:
-        from flows.analyze import analyze as analyze_flow
-
+    if ingest and analyze:
         result["analysis"] = analyze_flow(campaign_id=plan.campaign_id)
-    failed = {
-        cell: status for s in slots for cell, status in s["cells"].items() if not status.startswith("ok")
-    }
-    result["failed_cells"] = failed
-    state.record_run(
-        directory,
-        {
-            "campaign_id": plan.campaign_id,
-            "started_utc": started,
-            "ended_utc": utc_now(),
-            "deployments": slots,
-            "failed_cells": failed,
-        },
-    )
-    create_table_artifact(
-        key=_artifact_key(plan.campaign_id),
-        table=state.headline_rows(directory, plan),
-        description=f"Cells of campaign {plan.campaign_id} and their headline figures",
-    )
-    report = result.get("analysis", {}).get("report") if isinstance(result.get("analysis"), dict) else None
-    create_markdown_artifact(
-        key=_artifact_key(plan.campaign_id) + "-report",
-        markdown=_report_markdown(plan, directory, report, failed),
-        description=f"Where the results of {plan.campaign_id} are",
-    )
-    return result
-
-
-def _artifact_key(campaign_id: str) -> str:
-    # Prefect artifact keys: lowercase letters, digits and dashes only.
-    return "".join(ch if ch.isalnum() else "-" for ch in campaign_id.lower())
-
-
-def _report_markdown(plan: CampaignPlan, directory: Path, report: str | None, failed: dict[str, str]) -> str:
-    lines = [f"# Campaign {plan.campaign_id}", "", f"Raw artifacts: `{directory}`"]
-    if report:
-        lines.append(f"Report: [{report}](file://{report})  (open it in a browser; it renders offline)")
-    if failed:
-        lines += ["", "## Cells not ok", *[f"- `{cell}`: {status}" for cell, status in failed.items()]]
-    return "\n".join(lines)
+    return record_step(plan, directory, started, result)

@@ -5,23 +5,19 @@ artifact lands in RAW/<campaign_id>/cells/ like a campaign's, so `specgauge inge
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger
 
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger  # noqa: E402
-
-from artifacts import ids, layout  # noqa: E402
-from blocks import resolve_launcher_config  # noqa: E402
-from experiments.plan import CellPlan, resolve_repo_path  # noqa: E402
-from experiments.spec import SLO, EndpointLaunchSpec, LoadSpec, Sampling, TargetSpec, Variant  # noqa: E402
-from tasks import campaign as state  # noqa: E402
-from tasks.cell import run_cell  # noqa: E402
-from tasks.health import wait_ready  # noqa: E402
-from tasks.launch.endpoint import EndpointLauncher  # noqa: E402
-from workloads.schema import load_corpus  # noqa: E402
+from artifacts import ids, layout
+from blocks import resolve_launcher_config
+from experiments.plan import CellPlan, resolve_repo_path
+from experiments.spec import SLO, EndpointLaunchSpec, LoadSpec, Sampling, TargetSpec, Variant
+from tasks import campaign as state
+from tasks.cell import run_cell
+from tasks.health import wait_ready
+from tasks.launch.endpoint import EndpointLauncher
+from workloads.schema import load_corpus
 
 
 @flow(name="cell", flow_run_name="cell-{stratum}-c{concurrency}")

@@ -5,19 +5,15 @@ scheduled flow queue instead of failing) and the warehouse's own file lock (whic
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.exceptions import ObjectNotFound
 
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger  # noqa: E402
-from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate  # noqa: E402
-from prefect.exceptions import ObjectNotFound  # noqa: E402
-
-from tasks.ingest import ingest_task, writer_slot  # noqa: E402
-from warehouse.lock import WRITER_LIMIT_NAME  # noqa: E402
+from tasks.ingest import ingest_task, writer_slot
+from warehouse.lock import WRITER_LIMIT_NAME
 
 
 def ensure_writer_limit() -> None:

@@ -3,20 +3,17 @@ its compute went (drafting, verification of rejected tokens = waste, useful work
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+from pathlib import Path
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger
 
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger  # noqa: E402
-
-from artifacts import layout  # noqa: E402
-from artifacts.store import read_json  # noqa: E402
-from experiments.plan import resolve_repo_path  # noqa: E402
-from tasks.profile.run import profile_variant  # noqa: E402
-from tasks.profile.window import WindowPlan  # noqa: E402
+from artifacts import layout
+from artifacts.store import read_json
+from experiments.plan import resolve_repo_path
+from experiments.spec import ExperimentSpec
+from tasks.profile.run import profile_variant
+from tasks.profile.window import WindowPlan
 
 
 def earlier_profile(campaign_dir: Path, variant: str) -> dict[str, Any] | None:
@@ -36,21 +33,24 @@ def earlier_profile(campaign_dir: Path, variant: str) -> dict[str, Any] | None:
 
 @flow(name="profile", flow_run_name="profile-{variant}")
 def profile(
-    spec: str,
+    spec: ExperimentSpec | str,
     variant: str,
     concurrency: int = 2,
     requests: int = 8,
     warmup: int = 2,
     stratum: str | None = None,
     label: str | None = None,
+    campaign_id: str | None = None,
 ) -> dict[str, Any]:
-    """Profile one window of `variant` from `spec` (a YAML path) at the given concurrency."""
+    """Profile one window of `variant` from `spec` (a YAML path, or the spec a campaign flow planned and
+    recorded as `campaign_id` already) at the given concurrency."""
     result = profile_variant(
-        resolve_repo_path(spec),
+        spec if isinstance(spec, ExperimentSpec) else resolve_repo_path(spec),
         variant,
         plan=WindowPlan(concurrency=concurrency, requests=requests, warmup=warmup),
         stratum=stratum,
         label=label,
+        campaign_id=campaign_id,
     )
     summary: dict[str, Any] = {
         "variant": variant,

@@ -3,30 +3,26 @@ run, and end Failed (with an event and an artifact saying what moved) when a gua
 
 from __future__ import annotations
 
-from specgauge.prefect_env import configure
+from typing import Any
 
-configure()
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
+from prefect.states import Failed
 
-from typing import Any  # noqa: E402
-
-from prefect import flow, get_run_logger  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.events import emit_event  # noqa: E402
-from prefect.states import Failed  # noqa: E402
-
-from analysis.regression import (  # noqa: E402
+from analysis.regression import (
     as_rows,
     compare_campaigns,
     current_reference,
     markdown,
     set_reference,
 )
-from experiments.plan import resolve_repo_path  # noqa: E402
-from experiments.spec import load_spec  # noqa: E402
-from flows.campaign import campaign  # noqa: E402
-from specgauge.provenance import utc_stamp  # noqa: E402
-from specgauge.settings import get_settings  # noqa: E402
-from warehouse.db import reader  # noqa: E402
+from experiments.plan import resolve_repo_path
+from experiments.spec import load_spec
+from flows.campaign import campaign
+from specgauge.provenance import utc_stamp
+from specgauge.settings import get_settings
+from warehouse.db import reader
 
 REGRESSION_EVENT = "specgauge.regression.detected"
 

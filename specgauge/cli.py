@@ -1,18 +1,48 @@
-"""The `specgauge` command line. Each command is a thin shell over plain functions elsewhere."""
+"""The `specgauge` command line. Each command is a thin shell over plain functions elsewhere.
+
+One error boundary for every command: the project's errors (specgauge.errors.SpecgaugeError and its
+subclasses, the warehouse's included) become one line `error: <message>` on stderr and exit code
+EXIT_ERROR, never a traceback. Commands do not catch them themselves; they only choose exit 1 for a
+negative answer (a gate that failed, artifacts quarantined, problems found in a file)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
+from specgauge.errors import SpecgaugeError
 from specgauge.prefect_env import configure as _configure_prefect
 
 _configure_prefect()  # before anything imports prefect: the repo's profiles, PREFECT_HOME under var/
 
+EXIT_ERROR = 2  # the command could not do its job: bad input, a missing artifact, a failed launch, ...
+
+
+def report_error(exc: SpecgaugeError) -> None:
+    """The one way a command reports the project's errors: `error: ` and the message (it names the file,
+    field or artifact concerned), unwrapped and without markup so that tools can parse it."""
+    sys.stderr.write(f"error: {exc}\n")
+    sys.stderr.flush()
+
+
+class ErrorBoundary(TyperGroup):
+    """The root command group: every subcommand runs inside its invoke, so one except clause covers all."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SpecgaugeError as exc:
+            report_error(exc)
+            raise typer.Exit(code=EXIT_ERROR) from None
+
+
 app = typer.Typer(
+    cls=ErrorBoundary,
     name="specgauge",
     help="Measure whether speculative decoding pays for a served model: launch, load, gate, warehouse, report.",
     no_args_is_help=True,

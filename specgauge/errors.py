@@ -45,11 +45,11 @@ class LaunchError(SpecgaugeError):
 
 
 class EngineDied(LaunchError):
-    """The engine process (or its job) ended before or while it was gated or measured."""
+    """The engine process (or its job) ended before it was ready or while it was measured."""
 
 
-class HealthGateTimeout(LaunchError):
-    """The deployment did not become ready within the gate's timeout."""
+class ReadinessTimeout(LaunchError):
+    """The deployment did not become ready within the readiness check's timeout (launcher.ready_timeout_s)."""
 
 
 class MetricsError(SpecgaugeError):

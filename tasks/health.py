@@ -1,5 +1,6 @@
-"""The health gate: a deployment is ready when /health answers, the served model is listed, and one short
-chat completion succeeds. A dead engine ends the wait at once, with its log tail."""
+"""The readiness check: a deployment is ready when /health answers, the served model is listed, and one short
+chat completion succeeds. A dead engine ends the wait at once, with its log tail. (Not to be confused with
+the correctness gate, tasks/gate.py, which judges greedy outputs.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import httpx
 
-from specgauge.errors import EngineDied, HealthGateTimeout
+from specgauge.errors import EngineDied, ReadinessTimeout
 from tasks.launch.base import Deployment
 from tasks.launch.protocol import Launcher
 
@@ -82,7 +83,7 @@ def wait_ready(
     poll_s: float = 1.0,
     request_timeout_s: float = 30.0,
 ) -> float:
-    """Block until the deployment is ready; return seconds waited. Raises EngineDied or HealthGateTimeout."""
+    """Block until the deployment is ready; return seconds waited. Raises EngineDied or ReadinessTimeout."""
     started = time.monotonic()
     last = "not polled yet"
     with httpx.Client(timeout=request_timeout_s, headers=deployment.headers()) as client:
@@ -104,7 +105,7 @@ def wait_ready(
                 return waited
             if time.monotonic() - started > timeout_s:
                 deployment.status = "failed"
-                raise HealthGateTimeout(
+                raise ReadinessTimeout(
                     f"deployment {deployment.id} at {deployment.base_url} not ready after {timeout_s:.0f} s "
                     f"(last check: {last})",
                     log_tail=launcher.log_tail(deployment),

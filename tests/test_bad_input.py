@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from reliability_support import REPO, corpus, ledger_ids, write_spec
 
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, SmlLaunchSpec, TargetSpec, Variant, parse_spec
-from specgauge.errors import HealthGateTimeout, InputError, MetricsError, SpecError
+from specgauge.errors import InputError, MetricsError, ReadinessTimeout, SpecError
 from tasks.cell import prompt_fit_problems, run_cell
 from tasks.health import wait_ready
 from tasks.launch.command import vllm_args
@@ -136,7 +137,7 @@ def test_invalid_or_unknown_spec_fields_are_refused_naming_file_and_field(tmp_pa
         spec = write_spec(tmp_path / f"{what.replace(' ', '-')}.yaml", data)
         home = tmp_path / f"home-{len(seen)}"
         done = run_cli(home, "campaign", "run", str(spec))
-        assert done.returncode == 2 and f"error: {spec}: " in done.stderr and expected in done.stderr, (
+        assert done.returncode == 2 and f"error: {spec}:" in done.stderr and expected in done.stderr, (
             what,
             done.stderr,
         )
@@ -183,10 +184,78 @@ def test_unknown_speculative_method(tmp_path: Path, observe) -> None:
         "unknown speculative method",
         done="a variant with `method: medusa`, `specgauge campaign run`",
         expected="exit 2 naming the field and the methods known; nothing written",
-        observed=f"exit {done.returncode}: `{done.stderr.strip().removeprefix('error: ')[len(str(spec)) + 2 :]}`",
+        observed=f"exit {done.returncode}: `{done.stderr.strip().removeprefix('error: ').replace(str(spec), spec.name)}`",
         records_lost=0,
         leaked=0,
     )
+
+
+def test_plan_and_run_report_a_bad_variant_alike_with_file_line_and_field(tmp_path: Path) -> None:
+    # Both commands go through the CLI's one error boundary: the same lines, exit 2, no traceback. A file
+    # whose only variant fails is not also told that it has no variants (a knock-on of the failed item).
+    text = (REPO / "experiments" / "demo.yaml").read_text()
+    assert "    method: ngram\n" in text
+    misspelt = write_text(
+        tmp_path / "misspelt.yaml", text.replace("    method: ngram\n", "    method: ngramm\n")
+    )
+    line = text.splitlines().index("    method: ngram") + 1
+    data = demo_spec(name="rel-one-variant")
+    data["variants"] = [{"name": "plain", "method": "nonee"}]
+    data["load"]["concurency"] = [1]
+    only = write_spec(tmp_path / "only.yaml", data)
+    expected = {
+        misspelt: [f"{misspelt}:{line}: variants[1].method: Input should be 'none', 'ngram'"],
+        only: [f"{only}:", "variants[0].method: Input should be", "load.concurency: unknown field"],
+    }
+    for spec, messages in expected.items():
+        outputs = []
+        for command in ("plan", "run"):
+            done = run_cli(tmp_path / "home", "campaign", command, str(spec))
+            assert done.returncode == 2, (command, done.stderr)
+            assert "Traceback" not in done.stderr and done.stderr.startswith("error: "), (
+                command,
+                done.stderr,
+            )
+            assert all(m in done.stderr for m in messages), (command, done.stderr)
+            assert "at least 1 item" not in done.stderr, (command, done.stderr)
+            outputs.append(done.stderr)
+        assert outputs[0] == outputs[1]
+    only_lines = outputs[0].removeprefix("error: ").splitlines()
+    assert len(only_lines) == 2 and all(re.match(rf"{re.escape(str(only))}:\d+: ", x) for x in only_lines)
+    assert nothing_written(tmp_path / "home") == []
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_every_command_reports_project_errors_the_same_way(tmp_path: Path) -> None:
+    # One line `error: <message>`, exit 2, no traceback: from the spec, the warehouse, metrics, the gate,
+    # the analysis and the profile commands alike (typer's CliRunner runs the real app in-process).
+    from typer.testing import CliRunner
+
+    from specgauge.cli import app
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    nowhere = tmp_path / "nothing.duckdb"
+    cases = {
+        "campaign plan": ["campaign", "plan", str(tmp_path / "missing.yaml")],
+        "sql": ["sql", "SELECT 1", "--db", str(nowhere)],
+        "warehouse info": ["warehouse", "info", "--db", str(nowhere)],
+        "analyze": ["analyze", "--db", str(nowhere)],
+        "metrics-delta": ["metrics-delta", str(tmp_path / "a.txt"), str(empty), "--model", "m"],
+        "gate": ["gate", str(tmp_path / "a"), str(tmp_path / "b"), "--control", str(tmp_path / "a")],
+        "capture compare": ["capture", "compare", str(tmp_path / "a"), str(tmp_path / "b")],
+        "report": ["report"],
+    }
+    runner = CliRunner()
+    for name, args in cases.items():
+        done = runner.invoke(app, args)
+        assert done.exit_code == 2, (name, done.output, done.exception)
+        assert done.stderr.startswith("error: ") and "Traceback" not in done.output, (name, done.stderr)
+        assert not isinstance(done.exception, Exception) or isinstance(done.exception, SystemExit), name
 
 
 IMPOSSIBLE: list[tuple[dict[str, Any], str]] = [
@@ -405,7 +474,7 @@ def test_an_unreachable_endpoint_is_named(tmp_path: Path, observe) -> None:
             deployment_id="rel.unreachable.l1",
             directory=tmp_path,
         )
-        with pytest.raises(HealthGateTimeout) as raised:
+        with pytest.raises(ReadinessTimeout) as raised:
             wait_ready(deployment, launcher, timeout_s=2, poll_s=0.5)
         launcher.teardown(deployment)
 
@@ -426,7 +495,7 @@ def test_an_unreachable_endpoint_is_named(tmp_path: Path, observe) -> None:
     observe(
         "unreachable endpoint",
         done="the endpoint launcher and the client pointed at a port that refuses connections",
-        expected="the health gate ends with HealthGateTimeout naming the URL and the last failure; a request "
+        expected="the readiness check ends with ReadinessTimeout naming the URL and the last failure; a request "
         "is recorded failed as `connect`; nothing else written",
         observed=f"`{message.splitlines()[0][:150]}`; request record: {record.error_class} ({record.error[:60]})",
         records_lost=0,

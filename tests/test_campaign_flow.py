@@ -119,6 +119,69 @@ def test_a_bad_spec_fails_the_flow_naming_the_field(prefect_harness: None, tmp_p
     bad.write_text(text)
     with pytest.raises(SpecError) as info:
         campaign(spec=str(bad))
-    assert f"{bad}: variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0" in str(
-        info.value
+    line = (
+        text.splitlines().index("  - name: draft-k3") + 1
+    )  # the variant's own line: the file, line and field
+    assert (
+        f"{bad}:{line}: variants[2]: method 'draft_model' needs k (num_speculative_tokens) > 0, got 0"
+        in str(info.value)
     )
+
+
+def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
+    prefect_harness: None, home: Path, emulator, tmp_path: Path
+) -> None:
+    """The campaign flow's steps in order, on the emulator behind the endpoint launcher (no engine): the
+    deployment subflows are named for variant and repeat and get the planned slot as readable parameters,
+    the gate's pairs come from the plan, and the single ingest picks up the gate's verdicts."""
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from experiments.plan import plan_campaign
+    from experiments.spec import load_spec
+    from flows.campaign import campaign
+
+    data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+    data.pop("profile")
+    data.update(
+        name="protocol",
+        variants=data["variants"][:2],
+        target={"model": "emulated", "served_model_name": "emulated"},
+        load={"concurrencies": [2], "requests": 2, "warmup": 0, "request_timeout_s": 30},
+        capture={"corpus": "workloads/capture.jsonl", "plain_controls": 1},
+        launcher={"kind": "endpoint", "base_url": emulator.url},
+        repeats=1,
+    )
+    spec = tmp_path / "protocol.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    plan = plan_campaign(load_spec(spec))
+    assert plan.gate is not None and plan.gate.treatments == (("ngram-k3", "ngram-k3.r0"),)
+
+    state = campaign(spec=str(spec), analyze=False, return_state=True)
+    result = state.result()
+
+    assert result["failed_cells"] == {} and len(result["deployments"]) == 3
+    verdicts = result["gates"]
+    assert [v["treatment"] for v in verdicts] == ["ngram-k3"] and verdicts[0]["path"], verdicts
+    with reader() as con:  # one ingest, after the gate: the verdict is in the warehouse already
+        gated = con.execute(
+            "SELECT treatment_variant FROM v_gate WHERE campaign_id = ?", [plan.campaign_id]
+        ).fetchall()
+    assert gated == [("ngram-k3",)]
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+            ),
+            sort=FlowRunSort.START_TIME_ASC,
+        )
+        steps = [(client.read_flow(run.flow_id).name, run.name) for run in subflows]
+    assert [flow for flow, _ in steps] == ["deployment"] * 3 + ["gate", "ingest"], steps
+    planned = [f"{d.variant.name}-r{d.repeat}-{d.role}" for d in plan.deployments]  # in launch order
+    assert [name for _, name in steps[:3]] == planned and "ngram-k3-r0-arm" in planned
+    slot_run = next(run for run in subflows if run.name == "ngram-k3-r0-arm")
+    assert set(slot_run.parameters) == {"spec", "campaign_id", "slot", "corpora"}
+    assert slot_run.parameters["campaign_id"] == plan.campaign_id
+    assert slot_run.parameters["slot"]["deployment_id"] == f"{plan.campaign_id}.ngram-k3.r0"

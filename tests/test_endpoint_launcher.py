@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from stand_ins.gateway import Gateway
 
 from experiments.spec import EndpointLaunchSpec, TargetSpec, Variant
-from specgauge.errors import HealthGateTimeout, InputError
+from specgauge.errors import InputError, ReadinessTimeout
 from tasks.health import wait_ready
 from tasks.launch import ledger
 from tasks.launch.config import EndpointConfig
@@ -88,5 +88,5 @@ def test_a_key_protected_gateway_needs_the_key(engines, tmp_path: Path) -> None:
 
         keyless = EndpointLauncher(config=config.model_copy(update={"api_key": None}))
         deployment = keyless.launch(TARGET, PLAIN, deployment_id="ep.nokey.r0", directory=tmp_path / "nokey")
-        with pytest.raises(HealthGateTimeout, match="/health answered 401"):
+        with pytest.raises(ReadinessTimeout, match="/health answered 401"):
             wait_ready(deployment, keyless, timeout_s=2, poll_s=0.5)

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from specgauge.commands.gate import register
 from specgauge.errors import ArtifactError
 from tasks.capture import load_capture, write_capture_artifact
 from tasks.gate import (
@@ -385,8 +383,8 @@ def test_verdict_artifact_is_written_once(tmp_path: Path, base: Outputs, envelop
 
 
 def _cli(*args: str | Path) -> Any:
-    app = typer.Typer()  # only this area's commands: other areas' modules need not import here
-    register(app)
+    from specgauge.cli import app  # the real CLI: its error boundary turns a refusal into exit 2
+
     return CliRunner().invoke(app, [str(a) for a in args])
 
 

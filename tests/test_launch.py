@@ -1,4 +1,4 @@
-"""The local launcher and the health gate, on the real embedded engine."""
+"""The local launcher and the readiness check, on the real embedded engine."""
 
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def test_overlay_command_writes_files_and_prints_the_mount_list(tmp_path: Path) 
     assert [p["name"] for p in manifest["patches"]] == ["apertus-image-token-id", "nvtx-spec-decode"]
     assert manifest["container_vllm_dir"] == "/workspace/vllm/vllm" and manifest["vllm_version"] == "0.32.0"
     again = runner.invoke(app, ["patches", "overlay", "--vllm-src", str(SITE), "--out", str(out)])
-    assert again.exit_code == 1 and "not empty" in again.output
+    assert again.exit_code == 2 and "not empty" in again.output
     listed = runner.invoke(app, ["patches", "list"])
     assert (
         listed.exit_code == 0

@@ -131,6 +131,6 @@ def test_chart_command(tmp_path: Path, breakdown, monkeypatch: pytest.MonkeyPatc
         none = CliRunner().invoke(
             app, ["profile", "chart", "--out", str(tmp_path / "x"), "--campaign", "nope"]
         )
-        assert none.exit_code == 1 and "no profiled windows" in none.output
+        assert none.exit_code == 2 and "no profiled windows" in none.output
     finally:
         get_settings.cache_clear()

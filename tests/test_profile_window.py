@@ -169,6 +169,6 @@ def test_cli_analyze_prints_the_breakdown() -> None:
     table = runner.invoke(app, ["profile", "analyze", fixture, *counters, "--model", "tiny-draft-k3"])
     assert table.exit_code == 0 and "wasted on rejected drafts" in table.output
     wrong = runner.invoke(app, ["profile", "analyze", fixture, *counters, "--model", "nope"])
-    assert wrong.exit_code == 1 and "nope" in wrong.output
+    assert wrong.exit_code == 2 and "nope" in wrong.output
     bare = runner.invoke(app, ["profile", "analyze", fixture, "--json"])
     assert bare.exit_code == 0 and json.loads(bare.output)["shares"]["wasted_share"] is None

@@ -365,27 +365,27 @@ def test_cli_errors(tmp_path: Path) -> None:
     good = DATA / "draft-k3.before.txt"
     missing = tmp_path / "absent.txt"
     done = run_cli(missing, good, "--model", MODEL)
-    assert done.returncode == 1 and f"{missing}: cannot read" in done.stderr and not done.stdout
+    assert done.returncode == 2 and f"{missing}: cannot read" in done.stderr and not done.stdout
 
     garbage = tmp_path / "garbage.txt"
     garbage.write_text('vllm:x{model_name="m"} 1\nvllm:y{model_name="m"} one\n')
     done = run_cli(good, garbage, "--model", MODEL)
-    assert done.returncode == 1 and f"{garbage}: not a Prometheus text exposition at line 2" in done.stderr
+    assert done.returncode == 2 and f"{garbage}: not a Prometheus text exposition at line 2" in done.stderr
 
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     done = run_cli(binary, good, "--model", MODEL)
-    assert done.returncode == 1 and "not UTF-8" in done.stderr
+    assert done.returncode == 2 and "not UTF-8" in done.stderr
 
     done = run_cli(good, good, "--model", "llama-70b")
-    assert done.returncode == 1 and "'llama-70b'; model names present: tiny-draft-k3" in done.stderr
+    assert done.returncode == 2 and "'llama-70b'; model names present: tiny-draft-k3" in done.stderr
 
     reset_before, reset_after = tmp_path / "b.txt", tmp_path / "a.txt"
     reset_before.write_text(AFTER)
     reset_after.write_text(BEFORE)
     done = run_cli(reset_before, reset_after, "--model", MODEL)
     assert (
-        done.returncode == 1 and "went down" in done.stderr and "restarted" in done.stderr and not done.stdout
+        done.returncode == 2 and "went down" in done.stderr and "restarted" in done.stderr and not done.stdout
     )
 
 

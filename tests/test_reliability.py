@@ -320,16 +320,16 @@ def test_metrics_unreachable_fails_the_cell_naming_the_url(emulator, tmp_path, o
     )
 
 
-# -- the health gate ----------------------------------------------------------------------------------------
+# -- the readiness check ---------------------------------------------------------------------------------
 @pytest.mark.server  # a real Prefect API
-def test_health_gate_timeout_is_retried_torn_down_and_resumable(
+def test_readiness_timeout_is_retried_torn_down_and_resumable(
     prefect_api, standin_engine, tmp_path, monkeypatch, observe
 ) -> None:
     import flows.campaign as flow_module
 
     # Same retries as in production, without the 10 s wait between them.
     monkeypatch.setattr(
-        flow_module, "launch_and_gate", flow_module.launch_and_gate.with_options(retry_delay_seconds=0)
+        flow_module, "launch_until_ready", flow_module.launch_until_ready.with_options(retry_delay_seconds=0)
     )
     work = corpus(tmp_path / "g.jsonl", [("ok-0", "code", "def add(a, b):", 8)])
     spec = write_spec(
@@ -356,10 +356,10 @@ def test_health_gate_timeout_is_retried_torn_down_and_resumable(
     assert second["failed_cells"] == {} and attempts(directory)["plain.r0.code.c1.a1"]["status"] == "ok"
     assert_clean(state)
     observe(
-        "health-gate timeout",
+        "readiness timeout",
         done="a stand-in engine whose /health answers 503 forever (with a child process in its group); "
         "ready_timeout_s 3; then the campaign re-run with a healthy engine",
-        expected="HealthGateTimeout (transient) retried twice, each launch torn down; the slot's cells "
+        expected="ReadinessTimeout (transient) retried twice, each launch torn down; the slot's cells "
         "recorded not run; nothing written for them; the re-run completes",
         observed=f"{len(launches)} launches, each {saved[0]['status']} and torn down "
         f"({saved[0]['teardown']}); error: {slot['error'][:120]}; cells {slot['cells']}; re-run: cell ok",

@@ -2,7 +2,7 @@
 the stand-in engine (tests/reliability_support.py) as a batch job, reached through an SSH tunnel.
 
 - the SSH connection dropped in the middle of a cell (the sshd process serving it killed, as in an outage);
-- the job cancelled from outside (`scancel` by hand) while the health gate waits, and while a cell runs:
+- the job cancelled from outside (`scancel` by hand) while the readiness check waits, and while a cell runs:
   the deployment must be reported dead within seconds, with its log, not after a timeout.
 Each ends with no job left in squeue, nothing in the ledger and no stand-in process left.
 """
@@ -151,7 +151,7 @@ def test_ssh_connection_dropped_mid_cell(no_leftover_jobs, standin, tmp_path, ob
     )
 
 
-def test_job_cancelled_from_outside_while_the_gate_waits(
+def test_job_cancelled_from_outside_while_waiting_until_ready(
     no_leftover_jobs, standin, tmp_path, observe
 ) -> None:
     slurm = launcher(tmp_path, standin, "--never-ready")
@@ -174,11 +174,11 @@ def test_job_cancelled_from_outside_while_the_gate_waits(
     left = wait_no_standin(standin)
     assert f"job {deployment.job_id}: CANCELLED" in tail
     assert "stand-in engine" in tail  # the job's own log
-    assert seconds < 30, f"reported {seconds:.1f} s after scancel, of a 600 s gate timeout"
+    assert seconds < 30, f"reported {seconds:.1f} s after scancel, of a 600 s ready timeout"
     assert deployment.status == "failed" and deployment.id not in ledger_ids() and left == []
     observe(
-        "SLURM job cancelled from outside (gate)",
-        done="`scancel JOB` by hand 3 s into the health gate of a never-ready engine (gate timeout 600 s)",
+        "SLURM job cancelled from outside (readiness)",
+        done="`scancel JOB` by hand 3 s into the readiness check of a never-ready engine (ready timeout 600 s)",
         expected="EngineDied within seconds, with the job's state and log tail; the job gone; nothing leaked",
         observed=f"EngineDied {seconds:.1f} s after scancel: `{str(died.value).splitlines()[0][:110]}`; log tail "
         f"starts `{tail.splitlines()[0][:70]}`; teardown: {deployment.teardown}",

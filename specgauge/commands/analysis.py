@@ -1,6 +1,7 @@
 """`specgauge analyze` and `specgauge report`: answer the research questions for a campaign of the warehouse
 and print where its report is. Thin shells over analysis.run; the report page's path is always the LAST line
-printed, so scripts can take it with `tail -1`. Expected failures print one line on stderr and exit 2.
+printed, so scripts can take it with `tail -1`. Expected failures (the project's errors) go to the CLI's one
+error boundary (specgauge.cli): one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -33,11 +34,6 @@ ReportsOption = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(code=2)
-
-
 def _say_waiting(message: str) -> None:
     err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
 
@@ -45,15 +41,9 @@ def _say_waiting(message: str) -> None:
 def _run(campaign_id: str | None, db: Path | None, reports_dir: Path | None, resamples: int | None = None):
     from analysis.data import AnalysisSettings
     from analysis.run import analyze_campaign
-    from specgauge.errors import SpecgaugeError
 
     settings = AnalysisSettings() if resamples is None else AnalysisSettings(resamples=resamples)
-    try:
-        return analyze_campaign(
-            campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=_say_waiting
-        )
-    except SpecgaugeError as exc:
-        raise _fail(str(exc)) from None
+    return analyze_campaign(campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=_say_waiting)
 
 
 def _print_summary(result) -> None:
@@ -137,16 +127,13 @@ def register(app: typer.Typer) -> None:
         report yet (or with --refresh). Give a campaign id or --latest."""
         from analysis.data import resolve_campaign_id
         from analysis.run import report_path
-        from specgauge.errors import SpecgaugeError
+        from specgauge.errors import InputError
         from warehouse.db import reader
 
         if (campaign_id is None) == (not latest):
-            raise _fail("give a campaign id or --latest (not both)")
-        try:
-            with reader(db, on_wait=_say_waiting) as con:
-                resolved = resolve_campaign_id(con, campaign_id)
-        except SpecgaugeError as exc:
-            raise _fail(str(exc)) from None
+            raise InputError("give a campaign id or --latest (not both)")
+        with reader(db, on_wait=_say_waiting) as con:
+            resolved = resolve_campaign_id(con, campaign_id)
         path = report_path(resolved, reports_dir)
         if refresh or not path.is_file():
             result = _run(resolved, db, reports_dir)

@@ -19,42 +19,57 @@ DEMO_SPEC = "experiments/demo.yaml"
 WORK_POOL = "specgauge"
 
 
-def _rows_table(title: str, rows: list[dict]) -> Table:
-    table = Table(title=title, show_lines=False)
+# The closing table must fit a 120-column terminal: short headers (units and meanings in the caption),
+# names that may fold, figures that never wrap.
+HEADLINE_HEADERS = {
+    "repeat": "rep",
+    "TTFT p50 s": "TTFT p50",
+    "TPOT p50 s": "TPOT p50",
+    "acceptance": "accept",
+    "mean acc. len": "acc. len",
+}
+HEADLINE_TEXT_COLUMNS = ("cell", "variant", "workload", "load", "status")
+HEADLINE_CAPTION = (
+    "TTFT, TPOT: seconds, median over requests; accept: draft tokens accepted / proposed; "
+    "acc. len: mean tokens per step (1 + accepted per draft)"
+)
+
+
+def headline_table(title: str, rows: list[dict]) -> Table:
+    """The closing table of a campaign: one row per cell (tasks.campaign.headline_rows)."""
+    table = Table(title=title, caption=HEADLINE_CAPTION, caption_justify="left")
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
+        text = column in HEADLINE_TEXT_COLUMNS
         table.add_column(
-            column, justify="right" if column not in ("cell", "variant", "workload", "status") else "left"
+            HEADLINE_HEADERS.get(column, column),
+            justify="left" if text else "right",
+            overflow="fold" if text else "ellipsis",
+            no_wrap=not text,
         )
     for row in rows:
         table.add_row(*[str(row.get(c, "")) for c in columns])
     return table
 
 
-EXIT_BAD_INPUT = 2
-
-
 def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, analyze: bool) -> dict:
     from experiments.plan import plan_campaign, resolve_repo_path
     from experiments.spec import load_spec
     from flows.campaign import campaign
-    from specgauge.errors import InputError
     from specgauge.progress import RichReporter, reporting
     from tasks import campaign as state
     from tasks.launch import check_launchable
 
+    # Bad input (spec, corpus, label) fails here, before Prefect starts, naming file and field; the CLI's
+    # error boundary turns it into one line and exit 2.
     spec_path = resolve_repo_path(spec)
-    try:
-        experiment = load_spec(spec_path)  # fail fast, before Prefect starts, with the field named
-        plan = plan_campaign(experiment, label)
-        check_launchable(experiment, source=str(spec_path))
-        with reporting(RichReporter()):
-            result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
-    except InputError as exc:  # bad input: its message names the file and field; no traceback
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_BAD_INPUT) from None
+    experiment = load_spec(spec_path)
+    plan = plan_campaign(experiment, label)
+    check_launchable(experiment, source=str(spec_path))
+    with reporting(RichReporter()):
+        result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
     directory = state.campaign_dir(plan.campaign_id)
-    console.print(_rows_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
+    console.print(headline_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
     for verdict in result.get("gates", []) or []:
         console.print(
             f"gate {verdict.get('treatment')}: {'PASSED' if verdict.get('passed') else 'FAILED'} - "
@@ -103,8 +118,8 @@ def register(app: typer.Typer) -> None:
         gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
         analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
     ) -> None:
-        """Run a campaign: launch each variant, gate it, measure every cell, capture, tear down; then ingest,
-        gate and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
+        """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
+        then profile, gate, ingest and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
         corpus, label, a draft with another vocabulary) exits with code 2 before anything is written."""
         run_campaign_cli(spec, label, ingest, gate, analyze)
 

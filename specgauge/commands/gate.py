@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 
-EXIT_PASSED, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
+EXIT_PASSED, EXIT_FAILED = 0, 1  # refused (bad input): 2, from the CLI's error boundary
 
 GATE_HELP = "\n\n".join(
     [
@@ -210,16 +210,13 @@ def gate_command(
 ) -> None:
     from artifacts import layout
     from artifacts.store import write_json
-    from specgauge.errors import ArtifactError, InputError
+    from specgauge.errors import ArtifactError
     from specgauge.settings import get_settings
     from tasks.gate import gate, write_verdict
 
-    try:
-        treatment, controls = _parse_gate_args(captures)
-        verdict = gate(treatment, controls, alpha=alpha, min_prompts=min_prompts, force=force)
-    except (InputError, ArtifactError) as exc:
-        err_console.print(f"refused: {exc}", markup=False, highlight=False)
-        raise typer.Exit(code=EXIT_REFUSED) from None
+    # A refusal (bad or incomparable input, a missing capture) goes to the CLI's error boundary: exit 2.
+    treatment, controls = _parse_gate_args(captures)
+    verdict = gate(treatment, controls, alpha=alpha, min_prompts=min_prompts, force=force)
     print_verdict(verdict)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -256,14 +253,9 @@ def compare_command(
     normalised edit distance (tokens, or characters without token ids). Exit 0 when compared (whatever the
     match rate), 2 when the captures cannot be compared (different prompts or sampling)."""
     from artifacts.store import write_json
-    from specgauge.errors import ArtifactError, InputError
     from tasks.gate import compare
 
-    try:
-        comparison = compare(a, b)
-    except (InputError, ArtifactError) as exc:
-        err_console.print(f"refused: {exc}", markup=False, highlight=False)
-        raise typer.Exit(code=EXIT_REFUSED) from None
+    comparison = compare(a, b)  # captures that cannot be compared: the CLI's error boundary, exit 2
     table = _aggregate_table(f"{comparison.a.capture_id} vs {comparison.b.capture_id}")
     table.add_row(*_aggregate_row("all", comparison.overall))
     for stratum, agg in comparison.per_stratum.items():

@@ -7,9 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-
-err_console = Console(stderr=True, soft_wrap=True)
 
 METRICS_DELTA_HELP = "\n\n".join(
     [
@@ -20,7 +17,7 @@ METRICS_DELTA_HELP = "\n\n".join(
         "draft_tokens (null without draft tokens); mean_acceptance_length = 1 + accepted / drafts, counting "
         "the bonus token (null without drafts); acceptance_rate_per_position = accepted at position i / "
         'drafts, keyed "0", "1", ... (empty when the server lacks the per-position counter).',
-        "Exit 1, with the reason on stderr: a file that cannot be read or is not a Prometheus text, a model "
+        "Exit 2, with the reason on stderr: a file that cannot be read or is not a Prometheus text, a model "
         "name not in the snapshots (the names present are listed), no spec_decode counters for the model, "
         "or a counter that went down (the server restarted between the snapshots).",
     ]
@@ -51,16 +48,13 @@ def metrics_delta(
     ],
 ) -> None:
     """Print speculation deltas between two saved vLLM /metrics snapshots (see METRICS_DELTA_HELP)."""
-    from specgauge.errors import MetricsError
     from tasks.metrics.prometheus import parse, spec_decode_delta
 
-    try:
-        first = parse(_read(before), source=str(before))
-        second = parse(_read(after), source=str(after))
-        delta = spec_decode_delta(first, second, model)
-    except MetricsError as exc:  # CounterReset included
-        err_console.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(code=1) from None
+    first = parse(_read(before), source=str(before))
+    second = parse(_read(after), source=str(after))
+    delta = spec_decode_delta(
+        first, second, model
+    )  # MetricsError (CounterReset included): the CLI's boundary
     typer.echo(json.dumps(delta.to_json()))
 
 

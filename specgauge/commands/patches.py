@@ -57,16 +57,11 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "/usr/local/lib/python3.12/dist-packages",
     ) -> None:
-        from specgauge.errors import InputError
         from tasks.launch.overlay import build_overlay
 
-        try:
-            built = build_overlay(
-                vllm_src, out, patch or None, container_vllm_dir=f"{site_packages.rstrip('/')}/vllm"
-            )
-        except InputError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(code=1) from None
+        built = build_overlay(
+            vllm_src, out, patch or None, container_vllm_dir=f"{site_packages.rstrip('/')}/vllm"
+        )
         names = ", ".join(f"{p['name']} ({p['sha256'][:12]})" for p in built.patches)
         typer.echo(
             f"# vLLM {built.vllm_version or '(version unknown)'} at {built.vllm_src}; applied: {names}",

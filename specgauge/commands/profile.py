@@ -31,7 +31,7 @@ ANALYZE_HELP = "\n\n".join(
         "window, and the served model name) the wasted shares are computed; without them only the time split "
         "is printed and the wasted figures are null.",
         "Prints a table, or with --json the whole breakdown (shares, seconds, counters, cross-checks, and with "
-        "--steps every engine step). Exit 1 with the reason when the trace or the counters cannot be used.",
+        "--steps every engine step). Exit 2 with the reason when the trace or the counters cannot be used.",
     ]
 )
 
@@ -50,6 +50,7 @@ RUN_HELP = "\n\n".join(
 
 
 def _fail(message: str) -> None:
+    """A negative answer (the profiled window failed): exit 1. Errors go to the CLI's boundary (exit 2)."""
     err_console.print(f"error: {message}", markup=False, highlight=False)
     raise typer.Exit(code=1)
 
@@ -117,27 +118,26 @@ def analyze(
     as_json: Annotated[bool, typer.Option("--json", help="Print the breakdown as JSON.")] = False,
     steps: Annotated[bool, typer.Option("--steps", help="With --json: include every engine step.")] = False,
 ) -> None:
-    from specgauge.errors import SpecgaugeError
+    from specgauge.errors import InputError
     from tasks.profile.breakdown import counters_from_metrics
 
     if counters is not None and not model:
-        _fail("--counters needs --model (the served model name)")
-    try:
-        window = None
-        if counters is not None:
+        raise InputError("--counters needs --model (the served model name)")
+    window = None
+    if counters is not None:
+        try:
             before, after = (p.read_text(encoding="utf-8") for p in counters)
-            window = counters_from_metrics(before, after, model or "")
-        if trace.is_file() and trace.suffix in (".sqlite", ".db"):
-            from tasks.profile.nsys import analyze_sqlite
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--counters: {exc}") from None
+        window = counters_from_metrics(before, after, model or "")
+    if trace.is_file() and trace.suffix in (".sqlite", ".db"):
+        from tasks.profile.nsys import analyze_sqlite
 
-            breakdown = analyze_sqlite(trace, window, k=k)
-        else:
-            from tasks.profile.torch_trace import analyze_trace
+        breakdown = analyze_sqlite(trace, window, k=k)
+    else:
+        from tasks.profile.torch_trace import analyze_trace
 
-            breakdown = analyze_trace(trace, window, k=k)
-    except (SpecgaugeError, OSError, UnicodeDecodeError) as exc:
-        _fail(str(exc))
-        return
+        breakdown = analyze_trace(trace, window, k=k)
     data = breakdown.to_json(with_steps=steps)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -162,18 +162,11 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the breakdown as JSON.")] = False,
 ) -> None:
-    from specgauge.errors import SpecgaugeError
     from tasks.profile.run import profile_variant
     from tasks.profile.window import WindowPlan
 
     plan = WindowPlan(concurrency=concurrency, requests=requests, warmup=warmup)
-    try:
-        result = profile_variant(
-            spec, variant, plan=plan, workload_file=workload, stratum=stratum, label=label
-        )
-    except SpecgaugeError as exc:
-        _fail(str(exc))
-        return
+    result = profile_variant(spec, variant, plan=plan, workload_file=workload, stratum=stratum, label=label)
     console.print(f"artifact: {result.path}", markup=False, highlight=False)
     if result.status != "ok" or result.breakdown is None:
         _fail(f"the profiled window failed: {result.error}")
@@ -190,7 +183,7 @@ CHART_HELP = "\n\n".join(
         "Draw the profiled windows in the warehouse (view v_profile_waste) as one stacked bar each: wasted and "
         "useful drafting, wasted and useful verification, rejection sampling, other, as shares of measured "
         "engine time. Writes OUT.html (self-contained: Vega inline, opens offline) and OUT.png.",
-        "Run `specgauge ingest` (or the ingest flow) first so that the warehouse has the windows. Exit 1 when "
+        "Run `specgauge ingest` (or the ingest flow) first so that the warehouse has the windows. Exit 2 when "
         "there is no warehouse or no window matches.",
     ]
 )
@@ -207,7 +200,7 @@ def chart(
         bool, typer.Option("--latest/--all", help="Only the latest window per variant, load and workload.")
     ] = True,
 ) -> None:
-    from specgauge.errors import SpecgaugeError
+    from specgauge.errors import InputError
     from tasks.profile.chart import save_chart, waste_chart
     from warehouse.db import reader
 
@@ -217,21 +210,18 @@ def chart(
         params.append(campaign)
     if latest:
         where.append("window_rank = 1")
-    try:
-        with reader() as con:
-            cursor = con.execute(
-                f"SELECT * FROM v_profile_waste WHERE {' AND '.join(where)} ORDER BY campaign_id, variant, "
-                "load_label, started_utc",
-                params,
-            )
-            names = [d[0] for d in cursor.description]
-            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
-    except SpecgaugeError as exc:
-        _fail(str(exc))
-        return
+    with reader() as con:
+        cursor = con.execute(
+            f"SELECT * FROM v_profile_waste WHERE {' AND '.join(where)} ORDER BY campaign_id, variant, "
+            "load_label, started_utc",
+            params,
+        )
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     if not rows:
-        _fail("no profiled windows in the warehouse" + (f" for campaign {campaign}" if campaign else ""))
-        return
+        raise InputError(
+            "no profiled windows in the warehouse" + (f" for campaign {campaign}" if campaign else "")
+        )
     for row in rows:  # one bar per window: with --all a variant and load can have several, named by id
         label = f"{row['variant']} {row['load_label']} {row['workload'] or ''}".strip()
         row["window"] = label if latest else row["profile_id"]

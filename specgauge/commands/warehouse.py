@@ -1,7 +1,8 @@
 """`specgauge ingest`, `specgauge warehouse rebuild|migrate|info` and `specgauge sql`: the warehouse CLI.
 
-Thin shells over warehouse.ingest and warehouse.db. Expected failures (a missing database, bad SQL, a busy
-writer, a broken migration) print one clear line on stderr and exit non-zero, never a traceback.
+Thin shells over warehouse.ingest and warehouse.db. Expected failures (a missing database, a busy writer, a
+broken migration) go to the CLI's one error boundary (specgauge.cli): one line on stderr, exit 2; bad SQL
+exits 1. Never a traceback.
 """
 
 from __future__ import annotations
@@ -46,15 +47,10 @@ def _say_waiting(message: str) -> None:
     err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
+def _fail(message: str, code: int) -> typer.Exit:
+    """A failure that is not one of the project's errors (the boundary reports those): bad SQL."""
+    err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(code=code)
-
-
-def _expected_errors() -> tuple[type[Exception], ...]:
-    from specgauge.errors import SpecgaugeError
-
-    return (SpecgaugeError,)
 
 
 # ------------------------------------------------------------------------------------------------- ingest
@@ -81,10 +77,7 @@ def ingest(
     """
     from warehouse.ingest import ingest_raw
 
-    try:
-        report = ingest_raw(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
-    except _expected_errors() as exc:
-        raise _fail(str(exc)) from None
+    report = ingest_raw(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
     _print_report(report)
     if not report.ok:
         raise typer.Exit(code=1)
@@ -131,10 +124,7 @@ def rebuild(
     """
     from warehouse.ingest import rebuild as rebuild_db
 
-    try:
-        report = rebuild_db(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
-    except _expected_errors() as exc:
-        raise _fail(str(exc)) from None
+    report = rebuild_db(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
     _print_report(report)
     if not report.ok:
         raise typer.Exit(code=1)
@@ -147,12 +137,9 @@ def migrate(db: DbOption = None, lock_timeout: LockTimeout = None) -> None:
     from warehouse.db import migrate as apply
 
     path = db or default_path()
-    try:
-        with writer(path, timeout_s=lock_timeout, on_wait=_say_waiting, migrate_schema=False) as con:
-            done = apply(con)
-            version = schema_version(con)
-    except _expected_errors() as exc:
-        raise _fail(str(exc)) from None
+    with writer(path, timeout_s=lock_timeout, on_wait=_say_waiting, migrate_schema=False) as con:
+        done = apply(con)
+        version = schema_version(con)
     for migration in done:
         console.print(f"applied {migration.label}", highlight=False)
     console.print(
@@ -172,18 +159,13 @@ def info(db: DbOption = None) -> None:
     )
 
     path = db or default_path()
-    try:
-        with reader(path, on_wait=_say_waiting) as con:
-            applied = applied_migrations(con)
-            objects = con.execute(
-                "SELECT table_name, table_type FROM information_schema.tables "
-                "WHERE table_schema = 'main' ORDER BY table_type, table_name"
-            ).fetchall()
-            counts = {
-                name: con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name, _ in objects
-            }
-    except _expected_errors() as exc:
-        raise _fail(str(exc)) from None
+    with reader(path, on_wait=_say_waiting) as con:
+        applied = applied_migrations(con)
+        objects = con.execute(
+            "SELECT table_name, table_type FROM information_schema.tables "
+            "WHERE table_schema = 'main' ORDER BY table_type, table_name"
+        ).fetchall()
+        counts = {name: con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name, _ in objects}
     pending = [m.label for m in available_migrations() if m.version not in applied]
     version = max(applied) if applied else 0
     console.print(f"warehouse {path}: {path.stat().st_size / 1e6:.1f} MB", highlight=False)
@@ -236,31 +218,29 @@ def sql(
     """
     import duckdb
 
+    from specgauge.errors import InputError
     from warehouse.db import reader
 
     if output_format is OutputFormat.parquet and output is None:
-        raise _fail("--format parquet writes a file: give --output FILE")
-    try:
-        with reader(db, on_wait=_say_waiting) as con:
-            try:
-                relation = con.sql(query)
-                if relation is None:
-                    err_console.print("(statement ran; it returns no rows)")
-                    return
-                if output_format is OutputFormat.parquet:
-                    relation.write_parquet(str(output))
-                    written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(output)]).fetchone()[0]
-                    err_console.print(f"wrote {written:,} rows to {output}", highlight=False)
-                    return
-                if output_format is OutputFormat.csv:
-                    relation = _nested_as_json(con, relation)
-                types = [str(t) for t in relation.types]
-                frame = relation.pl()
-            except duckdb.Error as exc:
-                hint = " (specgauge sql is read-only)" if "read-only" in str(exc) else ""
-                raise _fail(f"SQL error: {exc}{hint}", code=1) from None
-    except _expected_errors() as exc:
-        raise _fail(str(exc)) from None
+        raise InputError("--format parquet writes a file: give --output FILE")
+    with reader(db, on_wait=_say_waiting) as con:
+        try:
+            relation = con.sql(query)
+            if relation is None:
+                err_console.print("(statement ran; it returns no rows)")
+                return
+            if output_format is OutputFormat.parquet:
+                relation.write_parquet(str(output))
+                written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(output)]).fetchone()[0]
+                err_console.print(f"wrote {written:,} rows to {output}", highlight=False)
+                return
+            if output_format is OutputFormat.csv:
+                relation = _nested_as_json(con, relation)
+            types = [str(t) for t in relation.types]
+            frame = relation.pl()
+        except duckdb.Error as exc:
+            hint = " (specgauge sql is read-only)" if "read-only" in str(exc) else ""
+            raise _fail(f"SQL error: {exc}{hint}", code=1) from None
     if output_format is OutputFormat.table:
         _print_table(frame, types, max_rows)
     elif output_format is OutputFormat.csv:

@@ -42,7 +42,7 @@ class EndpointConfig(BaseModel):
     @field_validator("base_url")
     @classmethod
     def root_url(cls, value: str) -> str:
-        """The server root: the health gate and the client add /v1/... themselves."""
+        """The server root: the readiness check and the client add /v1/... themselves."""
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"base_url {value!r} must start with http:// or https://")
         value = value.rstrip("/")

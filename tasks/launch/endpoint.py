@@ -50,7 +50,7 @@ class EndpointLauncher:
 
     @classmethod
     def check_inputs(cls, experiment: ExperimentSpec) -> None:
-        """Nothing to check before: the server is not ours (the health gate asks it)."""
+        """Nothing to check before: the server is not ours (the readiness check asks it)."""
 
     @staticmethod
     def stop_leftover(entry: dict[str, Any], saved: SavedSettings | None = None) -> str:

@@ -27,7 +27,7 @@ class Launcher(Protocol):
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
     ) -> Deployment:
-        """Start the engine and return at once (the health gate waits). Records itself in the ledger."""
+        """Start the engine and return at once (the readiness check waits). Records itself in the ledger."""
 
     def alive(self, deployment: Deployment) -> bool | None:
         """False when the engine (or its job) has ended; None when it cannot be known."""

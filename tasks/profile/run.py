@@ -1,6 +1,6 @@
-"""Profile one variant end to end: launch it with vLLM's torch profiler on, gate it, run one profiled window,
-write the artifact, tear the deployment down (on every exit path). The plain function the `profile` flow
-and `specgauge profile run` call."""
+"""Profile one variant end to end: launch it with vLLM's torch profiler on, wait until it is ready, run one
+profiled window, write the artifact, tear the deployment down (on every exit path). The plain function the
+`profile` flow and `specgauge profile run` call."""
 
 from __future__ import annotations
 
@@ -47,13 +47,15 @@ def profile_variant(
     stratum: str | None = None,
     label: str | None = None,
     raw_dir: Path | None = None,
+    campaign_id: str | None = None,
 ) -> ProfileResult:
     """Launch `variant_name` of the spec with profiling, run one window, write the artifact, tear down.
 
     Prompts: the spec's first workload file (or `workload_file`), restricted to `stratum` when given. The
     artifact goes to RAW/<campaign_id>/profiles/<profile_id>/, the deployment's own files (log, command,
     deployment.json, the engine's traces) to RAW/<campaign_id>/deployments/<campaign_id>.<variant>.profile.l<n>/.
-    The campaign's campaign.json is written if this is the campaign's first artifact.
+    The campaign's campaign.json is written if this is the campaign's first artifact; a campaign flow that
+    planned and recorded the campaign already passes its `campaign_id` instead (no second planning).
     """
     if not isinstance(spec, ExperimentSpec):
         spec = load_spec(spec)
@@ -72,9 +74,10 @@ def profile_variant(
     if not prompts:
         raise InputError(f"{file}: no prompts in stratum {stratum!r} (strata: {', '.join(corpus.strata)})")
     raw = Path(raw_dir) if raw_dir is not None else get_settings().raw_dir
-    campaign = plan_campaign(spec, label)
-    campaign_id = campaign.campaign_id
-    record_campaign(campaign, spec, raw)  # once per campaign: the warehouse needs it beside the profiles
+    if campaign_id is None:
+        campaign = plan_campaign(spec, label)
+        campaign_id = campaign.campaign_id
+        record_campaign(campaign, spec, raw)  # once per campaign: the warehouse needs it beside the profiles
     stamp = utc_stamp()
     campaign_dir = layout.campaign_dir(raw, campaign_id)
     deployment_id = next_launch_id(campaign_dir, ids.profile_slot_id(campaign_id, variant.name))

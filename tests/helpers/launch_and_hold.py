@@ -1,7 +1,7 @@
 """Launch the demo's plain variant inside `deployed()` and hold it, for teardown tests run as a subprocess.
 
 Prints one JSON line {"pid": ..., "id": ...} once the engine process exists, then: `--then raise` raises
-inside the block, `--then wait` waits on the health gate (to be interrupted by a signal), `--then sleep`
+inside the block, `--then wait` waits on the readiness check (to be interrupted by a signal), `--then sleep`
 sleeps (to be SIGKILLed: only the ledger can clean up after that).
 """
 

@@ -1,0 +1,71 @@
+"""What a campaign run did, as the flow reports it: per deployment slot (cells, captures, launches, error),
+the cells not ok, the run record and the markdown the Prefect UI shows. Plain data and text, no Prefect:
+the campaign flow composes these, tests read them without a server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from artifacts.documents import CellSummary
+from experiments.plan import CampaignPlan
+
+
+@dataclass
+class SlotOutcome:
+    """One deployment slot: each planned cell's status, the captures taken and every launch's id."""
+
+    slot: str
+    cells: dict[str, str] = field(default_factory=dict)
+    captures: list[str] = field(default_factory=list)
+    launches: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def not_run(self, cell_ids: list[str], why: str) -> None:
+        for cell_id in cell_ids:
+            self.cells[cell_id] = f"not run ({why})"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "slot": self.slot,
+            "cells": self.cells,
+            "captures": self.captures,
+            "launches": self.launches,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def failed_cells(slots: list[dict[str, Any]]) -> dict[str, str]:
+    """Every cell whose status is not ok (`ok` or `ok (earlier run)`), with its status."""
+    return {cell: status for s in slots for cell, status in s["cells"].items() if not status.startswith("ok")}
+
+
+def cell_log_line(cell_id: str, status: str, summary: CellSummary) -> str:
+    """One line for the run log: a cell's headline figures, or why it failed."""
+    if status != "ok":
+        return f"{cell_id} failed: {summary.error}"
+    requests, latency = summary.requests, summary.latency_s
+    ttft = latency.ttft.p50 if latency and latency.ttft else None
+    tpot = latency.tpot.p50 if latency and latency.tpot else None
+    return (
+        f"{cell_id}: {requests.ok if requests else 0}/{requests.total if requests else 0} ok, "
+        f"{summary.output_throughput_tok_s or 0:.1f} tok/s, TTFT p50 {ttft or 0:.3f} s, TPOT p50 {tpot}"
+    )
+
+
+def artifact_key(campaign_id: str) -> str:
+    """A Prefect artifact key for the campaign: lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() else "-" for ch in campaign_id.lower())
+
+
+def report_markdown(plan: CampaignPlan, directory: Path, report: str | None, failed: dict[str, str]) -> str:
+    """Where the results of a campaign are (the raw tree, the report page) and which cells are not ok."""
+    lines = [f"# Campaign {plan.campaign_id}", "", f"Raw artifacts: `{directory}`"]
+    if report:
+        lines.append(f"Report: [{report}](file://{report})  (open it in a browser; it renders offline)")
+    if failed:
+        lines += ["", "## Cells not ok", *[f"- `{cell}`: {status}" for cell, status in failed.items()]]
+    return "\n".join(lines)
