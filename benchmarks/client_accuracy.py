@@ -34,14 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from emulator import EmulatorConfig, EmulatorProcess
+from experiments.spec import Sampling
+from tasks.load.client import StreamingClient
+from tasks.load.runner import LoadPlan, run_load
+from workloads.schema import Prompt, load_corpus
 
-from emulator import EmulatorConfig, EmulatorProcess  # noqa: E402
-from experiments.spec import Sampling  # noqa: E402
-from tasks.load.client import StreamingClient  # noqa: E402
-from tasks.load.runner import LoadPlan, run_load  # noqa: E402
-from workloads.schema import Prompt, load_corpus  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TTFT_MS = 50.0
 # The emulator polls for the last 1.5 ms before each write (its timers round to 1 ms), so that its own

@@ -23,14 +23,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from emulator import EmulatorConfig, EmulatorProcess
+from experiments.spec import Sampling
+from tasks.load.client import StreamingClient
+from tasks.load.runner import LoadPlan, run_load
+from workloads.schema import Prompt
 
-from emulator import EmulatorConfig, EmulatorProcess  # noqa: E402
-from experiments.spec import Sampling  # noqa: E402
-from tasks.load.client import StreamingClient  # noqa: E402
-from tasks.load.runner import LoadPlan, run_load  # noqa: E402
-from workloads.schema import Prompt  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TTFT_S, STEP_S, TOKENS, MODEL = 0.05, 0.02, 32, "emulated"
 

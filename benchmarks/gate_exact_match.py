@@ -27,21 +27,20 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from artifacts import layout
+from experiments.spec import ExperimentSpec, Sampling, TargetSpec, Variant, load_spec
+from specgauge.provenance import utc_stamp
+from tasks.capture import capture, load_capture
+from tasks.gate import GateRefusal, compare, gate, write_verdict
+from tasks.health import wait_ready
+from tasks.launch import deployed
+from tasks.launch.local import LocalLauncher
+from workloads.schema import Corpus, load_corpus
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from artifacts import layout  # noqa: E402
-from experiments.spec import ExperimentSpec, Sampling, TargetSpec, Variant, load_spec  # noqa: E402
-from specgauge.provenance import utc_stamp  # noqa: E402
-from tasks.capture import capture, load_capture  # noqa: E402
-from tasks.gate import GateRefusal, compare, gate, write_verdict  # noqa: E402
-from tasks.health import wait_ready  # noqa: E402
-from tasks.launch import deployed  # noqa: E402
-from tasks.launch.local import LocalLauncher  # noqa: E402
-from workloads.schema import Corpus, load_corpus  # noqa: E402
 
 ENGINE_LOCK = Path(os.environ.get("SPECGAUGE_ENGINE_LOCK", "/tmp/specgauge-engine.lock"))
 console = Console(width=max(Console().width, 120))  # tables unwrapped in a log file too

@@ -22,6 +22,7 @@ The machine's load average is printed with the results: other work on the 2 core
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -32,17 +33,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from warehouse.db import _copy_snapshot, writer
+from warehouse.ingest import ingest_raw
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from warehouse_fixtures import RawBuilder, make_spec  # noqa: E402
-
-from warehouse.db import _copy_snapshot, writer  # noqa: E402
-from warehouse.ingest import ingest_raw  # noqa: E402
 
 console = Console(width=max(Console().width, 130))
 
@@ -62,8 +61,15 @@ GROUP BY ALL
 DATA_TABLES = ("cells", "requests", "gauges", "spec_decode", "spec_decode_positions")
 
 
-def build_raw(raw_dir: Path, requests_per_cell: int, repeats: int) -> RawBuilder:
-    spec = make_spec(
+def _fixtures() -> Any:
+    """The tests' raw-tree builder (tests/warehouse_fixtures.py): the benchmark ingests what the tests do."""
+    sys.path.insert(0, str(REPO / "tests"))
+    return importlib.import_module("warehouse_fixtures")
+
+
+def build_raw(raw_dir: Path, requests_per_cell: int, repeats: int) -> Any:
+    fixtures = _fixtures()
+    spec = fixtures.make_spec(
         name="bench",
         concurrencies=CONCURRENCIES,
         rates=RATES,
@@ -73,7 +79,7 @@ def build_raw(raw_dir: Path, requests_per_cell: int, repeats: int) -> RawBuilder
         strata=("chat", "code", "summarization"),
     )
     spec = spec.model_copy(update={"capture": spec.capture.model_copy(update={"enabled": False})})
-    builder = RawBuilder(raw_dir, spec=spec, fast_frames=True)
+    builder = fixtures.RawBuilder(raw_dir, spec=spec, fast_frames=True)
     builder.write_all(captures=False)
     return builder
 
