@@ -18,7 +18,7 @@ from analysis.capacity import q5_statement
 from analysis.data import AnalysisSettings, load_campaign
 from analysis.run import analyze_campaign, compute
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
-from specgauge.cli import app
+from cli.app import app
 from warehouse.db import reader, writer
 
 PLAIN_TPOT = 0.020

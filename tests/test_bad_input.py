@@ -44,7 +44,7 @@ from workloads.schema import Prompt, load_corpus
 
 pytest_plugins = ["reliability_support"]
 
-CLI = [sys.executable, "-m", "specgauge.cli"]
+CLI = [sys.executable, "-m", "cli"]
 
 
 def demo_spec(**changes: Any) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def test_every_command_reports_project_errors_the_same_way(tmp_path: Path) -> No
     # the analysis and the profile commands alike (typer's CliRunner runs the real app in-process).
     from typer.testing import CliRunner
 
-    from specgauge.cli import app
+    from cli.app import app
 
     empty = tmp_path / "empty.txt"
     empty.write_text("")

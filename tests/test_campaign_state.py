@@ -21,7 +21,7 @@ def test_the_closing_table_fits_a_120_column_terminal() -> None:
     # show at 120 columns, with the widest figures a campaign prints.
     from rich.console import Console
 
-    from specgauge.commands.campaign import headline_table
+    from cli.commands.campaign import headline_table
 
     row = {
         "variant": "draft-k3",

@@ -31,7 +31,7 @@ def test_prefect_yaml_entrypoints_are_flows_with_their_parameters(deployment: di
 def test_every_block_module_defines_a_block() -> None:
     from prefect.blocks.core import Block
 
-    from specgauge.commands.blocks import block_modules
+    from cli.commands.blocks import block_modules
 
     for name in block_modules():
         module = importlib.import_module(name)
@@ -42,9 +42,7 @@ def test_every_block_module_defines_a_block() -> None:
 
 
 def test_the_cli_help_lists_every_command_group() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "specgauge.cli", "--help"], capture_output=True, text=True, cwd=REPO
-    )
+    out = subprocess.run([sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     for command in (
         "workloads",

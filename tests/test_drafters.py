@@ -555,7 +555,7 @@ def test_specgauge_campaign_run_refuses_a_broken_head_and_writes_nothing(tmp_pat
     spec.write_text(yaml.safe_dump(data))
     home = tmp_path / "home"
     done = subprocess.run(
-        [sys.executable, "-m", "specgauge.cli", "campaign", "run", str(spec)],
+        [sys.executable, "-m", "cli", "campaign", "run", str(spec)],
         cwd=REPO,
         env={**os.environ, "SPECGAUGE_HOME": str(home)},
         capture_output=True,

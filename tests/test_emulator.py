@@ -186,7 +186,7 @@ def test_in_process_thread_and_cli_help():
     assert "--ttft-ms" in out.stdout and "x-emulator-fault" in out.stdout
     from typer.testing import CliRunner
 
-    from specgauge.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["emulator", "--help"])
     assert result.exit_code == 0 and "--step-ms" in result.output

@@ -383,7 +383,7 @@ def test_verdict_artifact_is_written_once(tmp_path: Path, base: Outputs, envelop
 
 
 def _cli(*args: str | Path) -> Any:
-    from specgauge.cli import app  # the real CLI: its error boundary turns a refusal into exit 2
+    from cli.app import app  # the real CLI: its error boundary turns a refusal into exit 2
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from specgauge.cli import app
+from cli.app import app
 from specgauge.errors import InputError
 from specgauge.provenance import sha256_file
 from tasks.launch.overlay import available_patches, build_overlay, load_overlay

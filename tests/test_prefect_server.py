@@ -84,7 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
             assert time.monotonic() < deadline, (home / "server.log").read_text()[-3000:]
             time.sleep(1)
         deploy = subprocess.run(
-            [sys.executable, "-m", "specgauge.cli", "prefect", "deploy"],
+            [sys.executable, "-m", "cli", "prefect", "deploy"],
             env=env,
             cwd=REPO,
             capture_output=True,
@@ -171,7 +171,7 @@ def test_a_ui_triggered_campaign_completes_and_lands_in_the_warehouse(server) ->
         [
             sys.executable,
             "-m",
-            "specgauge.cli",
+            "cli",
             "sql",
             "--format",
             "json",

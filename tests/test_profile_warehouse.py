@@ -114,7 +114,7 @@ def test_bad_artifacts_are_quarantined(tmp_path: Path, breakdown) -> None:
 
 
 def test_chart_command(tmp_path: Path, breakdown, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specgauge.cli import app
+    from cli.app import app
     from specgauge.settings import get_settings
 
     home = tmp_path / "home"

@@ -157,7 +157,7 @@ def test_profile_variant_rejects_unknown_variants_and_endpoints(tmp_path: Path) 
 
 
 def test_cli_analyze_prints_the_breakdown() -> None:
-    from specgauge.cli import app
+    from cli.app import app
 
     runner = CliRunner()
     fixture = str(DATA / "draft-k3.code.c2.worker.pt.trace.json.gz")

@@ -495,7 +495,7 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
 # -- the warehouse -------------------------------------------------------------------------------------------
 def _cli(spec: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "specgauge.cli", "campaign", "run", str(spec), "--no-gate", "--no-analyze"],
+        [sys.executable, "-m", "cli", "campaign", "run", str(spec), "--no-gate", "--no-analyze"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 from warehouse_fixtures import RawBuilder, make_spec
 
-from specgauge.cli import app
+from cli.app import app
 from specgauge.settings import get_settings
 from warehouse.db import reader
 

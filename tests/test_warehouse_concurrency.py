@@ -21,7 +21,7 @@ from warehouse.errors import WarehouseBusy
 from warehouse.ingest import ingest_raw
 
 REPO = Path(__file__).resolve().parent.parent
-SPECGAUGE = [sys.executable, "-m", "specgauge.cli"]
+SPECGAUGE = [sys.executable, "-m", "cli"]
 
 HOLD_WRITER = """
 import sys, time

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 from warehouse_fixtures import RawBuilder, make_spec
 
-from specgauge.cli import app
+from cli.app import app
 from warehouse.db import available_migrations, connect, migrate, reader, schema_version
 from warehouse.errors import MigrationError
 from warehouse.ingest import ingest_tree

@@ -13,7 +13,7 @@ from specgauge.errors import WorkloadFileError
 from workloads.schema import check_file, load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "specgauge.cli"]
+CLI = [sys.executable, "-m", "cli"]
 
 
 def line(**fields) -> str:

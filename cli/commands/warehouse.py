@@ -1,7 +1,7 @@
 """`specgauge ingest`, `specgauge warehouse rebuild|migrate|info` and `specgauge sql`: the warehouse CLI.
 
 Thin shells over warehouse.ingest and warehouse.db. Expected failures (a missing database, a busy writer, a
-broken migration) go to the CLI's one error boundary (specgauge.cli): one line on stderr, exit 2; bad SQL
+broken migration) go to the CLI's one error boundary (cli/app.py): one line on stderr, exit 2; bad SQL
 exits 1. Never a traceback.
 """
 

@@ -1,7 +1,7 @@
 """`specgauge analyze` and `specgauge report`: answer the research questions for a campaign of the warehouse
 and print where its report is. Thin shells over analysis.run; the report page's path is always the LAST line
 printed, so scripts can take it with `tail -1`. Expected failures (the project's errors) go to the CLI's one
-error boundary (specgauge.cli): one line on stderr, exit 2.
+error boundary (cli/app.py): one line on stderr, exit 2.
 """
 
 from __future__ import annotations

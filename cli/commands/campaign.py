@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
         if done.returncode != 0:
             raise typer.Exit(done.returncode)
         env = {**os.environ, "PREFECT_PROFILE": "server"}
-        subprocess.run([sys.executable, "-m", "specgauge.cli", "blocks", "register"], env=env, check=False)
+        subprocess.run([sys.executable, "-m", "cli", "blocks", "register"], env=env, check=False)
 
     @server_app.command("worker")
     def worker_cmd() -> None:

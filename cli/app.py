@@ -90,7 +90,7 @@ def reap() -> None:
         console.print("nothing left behind")
 
 
-# Each area registers its own commands (specgauge/commands/<area>.py exposes register(app)).
+# Each area registers its own commands (cli/commands/<area>.py exposes register(app)).
 COMMAND_MODULES: list[str] = [
     "analysis",
     "blocks",
@@ -108,7 +108,7 @@ def _register_command_modules() -> None:
     import importlib
 
     for name in COMMAND_MODULES:
-        importlib.import_module(f"specgauge.commands.{name}").register(app)
+        importlib.import_module(f"cli.commands.{name}").register(app)
 
 
 _register_command_modules()
