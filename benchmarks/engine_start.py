@@ -11,11 +11,11 @@ then runs specgauge's cells (C=1 and C=4, closed loop, on one stratum of the smo
 starts faster but steps slower shows it in the same rounds.
 
 Arms (comma-separated, `--arms`):
-  compiled  vLLM's default compilation (on the CPU: one Dynamo trace, Inductor), the compile cache in a
-            directory shared by every start of this run (fresh per run unless --cache-root is given: so
-            round 1 shows a fresh machine, later rounds a warm cache)
-  eager     --enforce-eager: no torch.compile at all
-  today     the launcher as it is configured now, the compile cache wherever it is configured now
+  compiled    launcher.compilation "vllm": vLLM's default (on the CPU one Dynamo trace, then Inductor), with
+              the compile cache in a directory shared by every start of this run (fresh per run unless
+              --cache-root is given: round 1 shows a fresh machine, later rounds a warm cache)
+  eager       launcher.compilation "eager": --enforce-eager, no torch.compile at all
+  configured  the demo's launcher settings as they are, the compile cache where the environment puts it
 
     .venv/bin/python benchmarks/engine_start.py [--arms compiled,eager] [--variants plain,ngram-k3,draft-k3]
         [--rounds 2] [--cells] [--stratum code] [--requests 8]
@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 from tempfile import mkdtemp
@@ -53,25 +54,20 @@ from workloads.schema import load_corpus
 # vLLM log lines: "(EngineCore pid=12) INFO 12-01 14:03:07.123 [file.py:12] message" (milliseconds optional).
 _STAMP = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?\s")
 
-# Phase markers, in start-up order: the first line matching each ends that phase.
+# Phase markers, in start-up order: the first line matching each ends that phase (vLLM 0.32 wording).
 PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("banner", re.compile(r"vLLM API server version|non-default args")),
-    ("engine init", re.compile(r"Initializing a V1 LLM engine")),
-    ("worker up", re.compile(r"Starting to load model|Loading weights|init_device|load_model")),
-    ("model loaded", re.compile(r"Model loading took|Loading weights took")),
-    (
-        "compiled",
-        re.compile(
-            r"saved AOT compiled function|Directly load AOT compilation|torch\.compile "
-            r"takes|torch\.compile and initial profiling|Compil\w+ .*took"
-        ),
-    ),
+    ("banner", re.compile(r"non-default args")),  # imports done, arguments parsed
+    ("engine init", re.compile(r"Initializing a V1 LLM engine")),  # the engine-core process is up
+    ("worker up", re.compile(r"Starting to load model")),  # the worker process is up
+    ("model loaded", re.compile(r"Loading weights took|Model loading took")),
+    ("compiled", re.compile(r"saved AOT compiled function|Directly load AOT compilation")),
+    ("warm-up done", re.compile(r"Warming up done")),
     ("KV cache", re.compile(r"KV cache size")),
-    ("engine ready", re.compile(r"init engine .*took|Application startup complete|Starting vLLM API")),
+    ("engine ready", re.compile(r"init engine .*took")),
+    ("server up", re.compile(r"Starting vLLM server on|Application startup complete")),
 )
-_CACHE_HIT = re.compile(r"Directly load AOT compilation|Directly load the compiled graph|loaded from cache")
-_CACHE_MISS = re.compile(r"saved AOT compiled function|Compiling a graph for|Compiling model again")
-_NO_COMPILE = re.compile(r"enforce_eager=True|Cudagraph is disabled under eager mode|mode=(?:NONE|0)\b")
+_CACHE_HIT = re.compile(r"Directly load AOT compilation")
+_CACHE_MISS = re.compile(r"saved AOT compiled function")
 
 
 @dataclass
@@ -80,7 +76,7 @@ class StartPhases:
 
     marks: dict[str, float | None]
     ready_s: float | None  # the health gate passed (what a campaign waits for)
-    compile_cache: str  # "hit", "miss", "none" (no compilation), "?" (not told)
+    compile_cache: str  # "hit", "miss", "none" (nothing compiled), or "1 hit, 1 miss"
 
     def durations(self) -> dict[str, float | None]:
         """Each phase's own length: from the previous phase seen to this one."""
@@ -118,14 +114,17 @@ def parse_phases(log_text: str, started: dt.datetime | None, ready_s: float | No
         for name, pattern in PHASES:
             if marks[name] is None and pattern.search(line):
                 marks[name] = (when - origin).total_seconds()
-    if _CACHE_HIT.search(log_text):
-        cache = "hit"
-    elif _CACHE_MISS.search(log_text):
-        cache = "miss"
-    elif _NO_COMPILE.search(log_text):
-        cache = "none"
-    else:
-        cache = "?"
+    hits, misses = len(_CACHE_HIT.findall(log_text)), len(_CACHE_MISS.findall(log_text))
+    # Each compiled model (the target, a draft model) is loaded from the cache or compiled and saved.
+    cache = (
+        "none"
+        if not hits + misses
+        else "hit"
+        if not misses
+        else "miss"
+        if not hits
+        else f"{hits} hit, {misses} miss"
+    )
     return StartPhases(marks=marks, ready_s=ready_s, compile_cache=cache)
 
 
@@ -138,10 +137,11 @@ class Arm:
 
 
 def arms_for(names: list[str], cache_root: Path) -> list[Arm]:
+    cache = {"VLLM_CACHE_ROOT": str(cache_root)}
     known = {
-        "compiled": Arm("compiled", env={"VLLM_CACHE_ROOT": str(cache_root)}),
-        "eager": Arm("eager", extra_args=["--enforce-eager"], env={"VLLM_CACHE_ROOT": str(cache_root)}),
-        "today": Arm("today"),
+        "compiled": Arm("compiled", launcher_update={"compilation": "vllm"}, env=cache),
+        "eager": Arm("eager", launcher_update={"compilation": "eager"}, env=cache),
+        "configured": Arm("configured"),
     }
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -373,6 +373,8 @@ def main() -> None:
                     work=work,
                 )
                 results.append(result)
+                with open(work / "starts.jsonl", "a") as out:  # kept as it goes: a long run may be cut short
+                    out.write(json.dumps(asdict(result), default=str) + "\n")
                 console.print(
                     f"r{round_number} {arm.name} {variant.name}: ready after "
                     f"{_fmt(result.phases.ready_s)} s, compile cache {result.phases.compile_cache}"

@@ -209,6 +209,15 @@ class LocalLauncher(Strict):
     uniprocess_executor: bool = Field(
         default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
     )
+    # torch.compile is most of a start on 2 cores and buys the tiny models no step time: measured side by
+    # side in docs/performance.md, "Engine start" (benchmarks/engine_start.py).
+    compilation: Literal["eager", "vllm"] = Field(
+        default="eager",
+        description="How the engine runs the model: 'eager' adds --enforce-eager (no torch.compile, vLLM's "
+        "own CPU kernels); 'vllm' keeps vLLM's default (torch.compile with Inductor on the CPU, cached "
+        "under VLLM_CACHE_ROOT, ~/.cache/vllm by default). Left alone when the target's extra_args set "
+        "the compilation themselves.",
+    )
 
 
 class EndpointLauncher(Strict):

@@ -57,6 +57,14 @@ def check_draft_vocabulary(target_dir: str, draft_dir: str) -> None:
         )
 
 
+_COMPILATION_FLAGS = ("--enforce-eager", "--compilation-config", "-cc", "--optimization-level", "-O")
+
+
+def sets_compilation(args: list[str]) -> bool:
+    """Whether engine arguments already choose how the model is compiled (the user's choice wins)."""
+    return any(arg.split("=", 1)[0].split(".", 1)[0].startswith(_COMPILATION_FLAGS) for arg in args)
+
+
 class LocalLauncher:
     kind = "local"
 
@@ -77,6 +85,8 @@ class LocalLauncher:
         single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
         if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
             args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLauncher
+        if self.spec.compilation == "eager" and not sets_compilation(args):
+            args.append("--enforce-eager")  # why: experiments/spec.py LocalLauncher.compilation
         return [str(self.engine_python), "-m", ENGINE_MODULE, *args]
 
     def launch(
@@ -120,7 +130,11 @@ class LocalLauncher:
             log_path=log_path,
             started_at=utc_now(),
             pid=proc.pid,
-            extra={"port": port, "kv_cache_gib": self.spec.kv_cache_gib},
+            extra={
+                "port": port,
+                "kv_cache_gib": self.spec.kv_cache_gib,
+                "compilation": "eager" if "--enforce-eager" in command else "vllm",
+            },
         )
         ledger.record(
             deployment_id,

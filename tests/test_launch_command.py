@@ -1,0 +1,86 @@
+"""The local launcher's engine command: how it asks the engine to compile the model (no engine started)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.spec import LocalLauncher as LocalLauncherSpec
+from experiments.spec import SpecError, TargetSpec, Variant, load_spec
+from tasks.launch.local import LocalLauncher, sets_compilation
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = TargetSpec(model="models/tiny-target", served_model_name="tiny")
+DRAFT = Variant(name="draft-k3", method="draft_model", k=3, draft_model="models/tiny-draft")
+
+
+def engine_args(spec: LocalLauncherSpec, target: TargetSpec = TARGET, variant: Variant = DRAFT) -> list[str]:
+    return LocalLauncher(spec, engine_python=Path(sys.executable)).command(target, variant, port=8000)[3:]
+
+
+def test_the_default_runs_the_engine_eager_and_vllm_keeps_vllms_own_compilation() -> None:
+    default = engine_args(LocalLauncherSpec())
+    assert LocalLauncherSpec().compilation == "eager"
+    assert default.count("--enforce-eager") == 1
+    compiled = engine_args(LocalLauncherSpec(compilation="vllm"))  # the behaviour before the default changed
+    assert not sets_compilation(compiled)
+    assert [a for a in default if a != "--enforce-eager"] == compiled
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        ["--enforce-eager"],
+        ["-O3"],
+        ["-O", "0"],
+        ["--optimization-level", "2"],
+        ["--compilation-config", '{"mode": 3}'],
+        ['--compilation-config={"mode": 0}'],
+        ["-cc.mode=none"],
+    ],
+)
+def test_compilation_flags_in_the_targets_extra_args_win(own: list[str]) -> None:
+    target = TARGET.model_copy(update={"extra_args": tuple(own)})
+    args = engine_args(LocalLauncherSpec(), target=target)
+    assert any(args[i : i + len(own)] == own for i in range(len(args)))
+    assert args.count("--enforce-eager") == own.count("--enforce-eager")
+
+
+def test_other_flags_do_not_count_as_a_compilation_choice() -> None:
+    variant = Variant(name="plain", extra_args=("--enable-prefix-caching", "--max-num-seqs", "8"))
+    assert "--enforce-eager" in engine_args(LocalLauncherSpec(), variant=variant)
+    assert not sets_compilation(["--model", "/m/-O3", "--seed", "0", "--override-generation-config", "{}"])
+
+
+def test_the_demo_spec_takes_the_default_and_a_bad_value_is_refused(tmp_path: Path) -> None:
+    assert load_spec(REPO / "experiments" / "demo.yaml").launcher.compilation == "eager"
+    text = (REPO / "experiments" / "demo.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: fast\n"))
+    with pytest.raises(SpecError, match="compilation"):
+        load_spec(bad)
+    vllm = tmp_path / "vllm.yaml"
+    vllm.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: vllm\n"))
+    assert load_spec(vllm).launcher.compilation == "vllm"
+
+
+def test_the_deployment_records_how_its_engine_was_compiled(home: Path, tmp_path: Path) -> None:
+    """The choice reaches deployment.json (command and facts), which the warehouse keeps per deployment. The
+    "engine" here is the application's own Python, which exits at once: nothing is served."""
+    for compilation in ("eager", "vllm"):
+        launcher = LocalLauncher(
+            LocalLauncherSpec(compilation=compilation), engine_python=Path(sys.executable)
+        )
+        deployment = launcher.launch(
+            TARGET, DRAFT, deployment_id=f"c-{compilation}", directory=tmp_path / compilation
+        )
+        launcher.teardown(deployment)
+        saved = json.loads((tmp_path / compilation / "deployment.json").read_text())
+        assert saved["extra"]["compilation"] == compilation
+        assert ("--enforce-eager" in saved["command"]) == (compilation == "eager")
+        assert ("--enforce-eager" in (tmp_path / compilation / "command.txt").read_text()) == (
+            compilation == "eager"
+        )
