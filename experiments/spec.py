@@ -209,14 +209,15 @@ class LocalLauncher(Strict):
     uniprocess_executor: bool = Field(
         default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
     )
-    # torch.compile is most of a start on 2 cores and buys the tiny models no step time: measured side by
-    # side in docs/performance.md, "Engine start" (benchmarks/engine_start.py).
-    compilation: Literal["eager", "vllm"] = Field(
-        default="eager",
-        description="How the engine runs the model: 'eager' adds --enforce-eager (no torch.compile, vLLM's "
-        "own CPU kernels); 'vllm' keeps vLLM's default (torch.compile with Inductor on the CPU, cached "
-        "under VLLM_CACHE_ROOT, ~/.cache/vllm by default). Left alone when the target's extra_args set "
-        "the compilation themselves.",
+    # torch.compile is most of a start on 2 cores (cached per variant under VLLM_CACHE_ROOT, so a second
+    # start of a variant skips it), but eager steps up to 3x slower at C=4: docs/performance.md, "Engine
+    # start" (benchmarks/engine_start.py). Eager is for starts whose step time nobody reads.
+    compilation: Literal["vllm", "eager"] = Field(
+        default="vllm",
+        description="How the engine runs the model: 'vllm' keeps vLLM's default (torch.compile with "
+        "Inductor on the CPU, cached under VLLM_CACHE_ROOT, ~/.cache/vllm by default, per variant); 'eager' "
+        "adds --enforce-eager (no torch.compile: starts minutes sooner on 2 cores, steps slower). Left "
+        "alone when the target's extra_args choose the compilation themselves.",
     )
 
 

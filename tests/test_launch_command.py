@@ -21,13 +21,13 @@ def engine_args(spec: LocalLauncherSpec, target: TargetSpec = TARGET, variant: V
     return LocalLauncher(spec, engine_python=Path(sys.executable)).command(target, variant, port=8000)[3:]
 
 
-def test_the_default_runs_the_engine_eager_and_vllm_keeps_vllms_own_compilation() -> None:
+def test_the_default_keeps_vllms_compilation_and_eager_adds_enforce_eager() -> None:
     default = engine_args(LocalLauncherSpec())
-    assert LocalLauncherSpec().compilation == "eager"
-    assert default.count("--enforce-eager") == 1
-    compiled = engine_args(LocalLauncherSpec(compilation="vllm"))  # the behaviour before the default changed
-    assert not sets_compilation(compiled)
-    assert [a for a in default if a != "--enforce-eager"] == compiled
+    assert LocalLauncherSpec().compilation == "vllm"
+    assert not sets_compilation(default)
+    eager = engine_args(LocalLauncherSpec(compilation="eager"))
+    assert eager.count("--enforce-eager") == 1
+    assert [a for a in eager if a != "--enforce-eager"] == default
 
 
 @pytest.mark.parametrize(
@@ -44,27 +44,27 @@ def test_the_default_runs_the_engine_eager_and_vllm_keeps_vllms_own_compilation(
 )
 def test_compilation_flags_in_the_targets_extra_args_win(own: list[str]) -> None:
     target = TARGET.model_copy(update={"extra_args": tuple(own)})
-    args = engine_args(LocalLauncherSpec(), target=target)
+    args = engine_args(LocalLauncherSpec(compilation="eager"), target=target)
     assert any(args[i : i + len(own)] == own for i in range(len(args)))
     assert args.count("--enforce-eager") == own.count("--enforce-eager")
 
 
 def test_other_flags_do_not_count_as_a_compilation_choice() -> None:
     variant = Variant(name="plain", extra_args=("--enable-prefix-caching", "--max-num-seqs", "8"))
-    assert "--enforce-eager" in engine_args(LocalLauncherSpec(), variant=variant)
+    assert "--enforce-eager" in engine_args(LocalLauncherSpec(compilation="eager"), variant=variant)
     assert not sets_compilation(["--model", "/m/-O3", "--seed", "0", "--override-generation-config", "{}"])
 
 
 def test_the_demo_spec_takes_the_default_and_a_bad_value_is_refused(tmp_path: Path) -> None:
-    assert load_spec(REPO / "experiments" / "demo.yaml").launcher.compilation == "eager"
+    assert load_spec(REPO / "experiments" / "demo.yaml").launcher.compilation == "vllm"
     text = (REPO / "experiments" / "demo.yaml").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: fast\n"))
     with pytest.raises(SpecError, match="compilation"):
         load_spec(bad)
-    vllm = tmp_path / "vllm.yaml"
-    vllm.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: vllm\n"))
-    assert load_spec(vllm).launcher.compilation == "vllm"
+    eager = tmp_path / "eager.yaml"
+    eager.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: eager\n"))
+    assert load_spec(eager).launcher.compilation == "eager"
 
 
 def test_the_deployment_records_how_its_engine_was_compiled(home: Path, tmp_path: Path) -> None:
