@@ -173,6 +173,13 @@ class StartResult:
     load_avg: float
 
 
+def load_result(line: str) -> StartResult:
+    data = json.loads(line)
+    data["phases"] = StartPhases(**data["phases"])
+    data["cells"] = {int(c): s for c, s in data["cells"].items()}
+    return StartResult(**data)
+
+
 def one_start(
     spec: ExperimentSpec,
     arm: Arm,
@@ -281,7 +288,6 @@ def print_tables(results: list[StartResult], console: Console) -> None:
         "E2E p50",
         "tok/s",
         "accept len",
-        "ms/step",
         "burst ok",
     ):
         steps.add_column(column, justify="right")
@@ -299,24 +305,9 @@ def print_tables(results: list[StartResult], console: Console) -> None:
                 _fmt(lat["e2e"]["p50"], 1e3, 0),
                 _fmt(s["output_throughput_tok_s"]),
                 _fmt(spec.get("mean_acceptance_length"), 1, 2),
-                _fmt(step_time(s), 1e3, 2),
                 str(s["cross_checks"]["streamed_token_by_token"].get("ok")),
             )
     console.print(steps)
-
-
-def step_time(summary: dict[str, Any]) -> float | None:
-    """Wall time per engine step in the cell: the measured window over the decode steps the server ran
-    (generated tokens minus accepted draft tokens; without speculation, one token per step per request).
-    Unlike TPOT it does not depend on how the stream was chunked."""
-    wall = summary.get("wall_s")
-    spec = summary.get("speculation")
-    if not wall:
-        return None
-    if spec and spec.get("decode_steps"):
-        return wall / spec["decode_steps"]
-    tokens = summary.get("completion_tokens")
-    return wall / tokens if tokens else None
 
 
 def machine_line() -> str:
@@ -344,11 +335,17 @@ def main() -> None:
         help="VLLM_CACHE_ROOT for the compiled and eager arms (default: fresh per run)",
     )
     parser.add_argument("--parse", type=Path, default=None, help="only print the phases of this engine.log")
+    parser.add_argument(
+        "--report", type=Path, default=None, help="only print the tables of a run's starts.jsonl"
+    )
     args = parser.parse_args()
     console = Console(width=200)
     if args.parse:
         phases = parse_phases(args.parse.read_text(errors="replace"), None)
         console.print(phases.durations(), f"compile cache: {phases.compile_cache}")
+        return
+    if args.report:
+        print_tables([load_result(line) for line in args.report.read_text().splitlines() if line], console)
         return
     spec = load_spec(REPO_ROOT / "experiments" / "demo.yaml")
     work = Path(mkdtemp(prefix="engine-start-"))
