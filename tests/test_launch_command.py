@@ -70,7 +70,7 @@ def test_the_demo_spec_takes_the_default_and_a_bad_value_is_refused(tmp_path: Pa
 def test_the_deployment_records_how_its_engine_was_compiled(home: Path, tmp_path: Path) -> None:
     """The choice reaches deployment.json (command and facts), which the warehouse keeps per deployment. The
     "engine" here is the application's own Python, which exits at once: nothing is served."""
-    for compilation in ("eager", "vllm"):
+    for compilation in ("eager", "vllm", "cached"):
         launcher = LocalLauncher(
             LocalLauncherSpec(compilation=compilation), engine_python=Path(sys.executable)
         )
@@ -84,3 +84,32 @@ def test_the_deployment_records_how_its_engine_was_compiled(home: Path, tmp_path
         assert ("--enforce-eager" in (tmp_path / compilation / "command.txt").read_text()) == (
             compilation == "eager"
         )
+
+
+def test_cached_turns_vllms_aot_cache_off_and_keeps_inductors_beside_vllms_cache() -> None:
+    from tasks.launch.local import compile_cache_env
+
+    assert compile_cache_env("vllm", {}) == {} and compile_cache_env("eager", {}) == {}
+    fixed = compile_cache_env("cached", {"VLLM_CACHE_ROOT": "/c/vllm"})
+    assert fixed == {"VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": "/c/vllm/torchinductor"}
+    default = compile_cache_env("cached", {})
+    assert default["TORCHINDUCTOR_CACHE_DIR"] == str(Path.home() / ".cache" / "vllm" / "torchinductor")
+    # The same engine arguments as vLLM's default: only the environment differs.
+    assert engine_args(LocalLauncherSpec(compilation="cached")) == engine_args(
+        LocalLauncherSpec(compilation="vllm")
+    )
+
+
+def test_a_cached_launch_records_its_cache_and_the_targets_env_wins(home: Path, tmp_path: Path) -> None:
+    target = TARGET.model_copy(update={"env": {"VLLM_CACHE_ROOT": str(tmp_path / "cache")}})
+    launcher = LocalLauncher(LocalLauncherSpec(compilation="cached"), engine_python=Path(sys.executable))
+    deployment = launcher.launch(target, DRAFT, deployment_id="c-cached", directory=tmp_path / "cached")
+    launcher.teardown(deployment)
+    extra = json.loads((tmp_path / "cached" / "deployment.json").read_text())["extra"]
+    assert extra["compilation"] == "cached" and extra["VLLM_USE_AOT_COMPILE"] == "0"
+    assert extra["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "torchinductor")
+    own = target.model_copy(update={"extra_args": ("--enforce-eager",)})
+    deployment = launcher.launch(own, DRAFT, deployment_id="c-own", directory=tmp_path / "own")
+    launcher.teardown(deployment)
+    extra = json.loads((tmp_path / "own" / "deployment.json").read_text())["extra"]
+    assert extra["compilation"] == "extra_args" and "VLLM_USE_AOT_COMPILE" not in extra
