@@ -155,14 +155,11 @@ def arms_for(names: list[str], cache_root: Path) -> list[Arm]:
     return [known[n] for n in names]
 
 
-def variants_for(spec: ExperimentSpec, names: list[str] | None) -> list[Variant]:
+def variants_for(spec: ExperimentSpec, names: list[str] | None, head: Path) -> list[Variant]:
     variants = list(spec.variants)
-    head = REPO_ROOT / "models" / "tiny-eagle3"
     if (head / "config.json").exists() and not any(v.method == "eagle3" for v in variants):
         variants.append(
-            Variant.model_validate(
-                {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"}
-            )
+            Variant.model_validate({"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": str(head)})
         )
     if names:
         variants = [v for v in variants if v.name in names]
@@ -345,6 +342,12 @@ def main() -> None:
         default=None,
         help="VLLM_CACHE_ROOT for the compiled and eager arms (default: fresh per run)",
     )
+    parser.add_argument(
+        "--eagle-head",
+        type=Path,
+        default=REPO_ROOT / "models" / "tiny-eagle3",
+        help="adds eagle3-k3 if it exists",
+    )
     parser.add_argument("--parse", type=Path, default=None, help="only print the phases of this engine.log")
     parser.add_argument(
         "--report", type=Path, default=None, help="only print the tables of a run's starts.jsonl"
@@ -362,10 +365,10 @@ def main() -> None:
     work = Path(mkdtemp(prefix="engine-start-"))
     cache_root = args.cache_root or work / "vllm-cache"
     arms = arms_for(args.arms.split(","), cache_root)
-    variants = variants_for(spec, args.variants.split(",") if args.variants else None)
+    variants = variants_for(spec, args.variants.split(",") if args.variants else None, args.eagle_head)
     console.print(f"machine: {machine_line()}; work dir {work}; compile cache {cache_root}")
     if not any(v.method == "eagle3" for v in variants) and not args.variants:
-        console.print("no models/tiny-eagle3: the eagle3-k3 variant is left out")
+        console.print(f"no EAGLE-3 head at {args.eagle_head}: the eagle3-k3 variant is left out")
     results: list[StartResult] = []
     for round_number in range(1, args.rounds + 1):
         for variant in variants:
