@@ -62,10 +62,7 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine init", re.compile(r"Initializing a V1 LLM engine")),  # the engine-core process is up
     ("worker up", re.compile(r"Starting to load model")),  # the worker process is up
     ("model loaded", re.compile(r"Loading weights took|Model loading took")),
-    (
-        "compiled",
-        re.compile(r"saved AOT compiled function|Directly load AOT compilation|torch\.compile and initial"),
-    ),
+    ("compiled", re.compile(r"saved AOT compiled function|Directly load AOT compilation")),
     ("warm-up done", re.compile(r"Warming up done")),
     ("KV cache", re.compile(r"KV cache size")),
     ("engine ready", re.compile(r"init engine .*took")),
@@ -74,7 +71,7 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _CACHE_HIT = re.compile(r"Directly load AOT compilation")
 _CACHE_MISS = re.compile(r"saved AOT compiled function")
 _RELOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
-_INDUCTOR = re.compile(r"torch\.compile and initial profiling/warmup run together took")
+_INDUCTOR = re.compile(r"Warming up model for the compilation")  # compiled without an AOT line
 
 
 @dataclass
