@@ -23,7 +23,7 @@ def engine_args(spec: LocalLauncherSpec, target: TargetSpec = TARGET, variant: V
 
 def test_the_default_keeps_vllms_compilation_and_eager_adds_enforce_eager() -> None:
     default = engine_args(LocalLauncherSpec())
-    assert LocalLauncherSpec().compilation == "vllm"
+    assert LocalLauncherSpec().compilation == "cached"
     assert not sets_compilation(default)
     eager = engine_args(LocalLauncherSpec(compilation="eager"))
     assert eager.count("--enforce-eager") == 1
@@ -56,7 +56,7 @@ def test_other_flags_do_not_count_as_a_compilation_choice() -> None:
 
 
 def test_the_demo_spec_takes_the_default_and_a_bad_value_is_refused(tmp_path: Path) -> None:
-    assert load_spec(REPO / "experiments" / "demo.yaml").launcher.compilation == "vllm"
+    assert load_spec(REPO / "experiments" / "demo.yaml").launcher.compilation == "cached"
     text = (REPO / "experiments" / "demo.yaml").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("  kind: local\n", "  kind: local\n  compilation: fast\n"))
