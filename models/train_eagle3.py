@@ -271,7 +271,7 @@ def generate(
     started, position = time.time(), 0
     while position < len(order):
         longest = len(prompts[order[position]]) + max_new
-        size = max(1, min(1024, batch_tokens // longest))
+        size = max(1, min(2048, batch_tokens // longest))
         chunk = order[position : position + size]
         position += len(chunk)
         width = max(len(prompts[i]) for i in chunk)
@@ -500,6 +500,8 @@ def self_distillation_data(args, tokenizer, target, device, log: dict):
     import torch
 
     train_texts, valid_texts, stats = corpus.build_corpus(args.stdlib, args.seed)
+    if stats["files"] < 1000:  # a wrong --stdlib would silently train on the pydoc topics alone
+        raise SystemExit(f"--stdlib {args.stdlib}: {stats['files']} source files; point it at CPython's Lib")
     limit = args.max_new_tokens
     room = args.max_positions - limit
 
@@ -585,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval-prompts", type=int, default=400, help="held-out prompts answered for the check"
     )
-    parser.add_argument("--generate-batch-tokens", type=int, default=200_000)
+    parser.add_argument("--generate-batch-tokens", type=int, default=400_000)
     parser.add_argument("--batch-tokens", type=int, default=65_536)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=2e-3)
