@@ -6,7 +6,7 @@ specgauge's own local launcher, once per arm (a way of starting the engine) per 
 runs every (arm, variant) once, round 2 again, and so on, so that the machine's drift (15-30% within
 minutes on a shared 2-core machine) hits every arm alike. Each start's engine.log is cut into phases by its
 own timestamps: process start -> banner -> engine init -> model loaded -> compile/warm-up (and whether the
-compile cache was hit) -> KV cache sized -> ready (the health gate passed). With `--cells`, every start
+compile cache was hit) -> KV cache sized -> ready (the readiness check passed). With `--cells`, every start
 then runs specgauge's cells (C=1 and C=4, closed loop, on one stratum of the smoke corpus), so an arm that
 starts faster but steps slower shows it in the same rounds.
 
@@ -79,7 +79,7 @@ class StartPhases:
     """Seconds from process start to the end of each phase (None: the marker never appeared)."""
 
     marks: dict[str, float | None]
-    ready_s: float | None  # the health gate passed (what a campaign waits for)
+    ready_s: float | None  # the readiness check passed (what a campaign waits for)
     compile_cache: str  # "hit", "miss", "none" (nothing compiled), or "1 hit, 1 miss"
 
     def durations(self) -> dict[str, float | None]:
@@ -90,7 +90,7 @@ class StartPhases:
             at = self.marks.get(name)
             out[name] = None if at is None else max(at - previous, 0.0)
             previous = at if at is not None else previous
-        out["health gate"] = None if self.ready_s is None else max(self.ready_s - previous, 0.0)
+        out["readiness check"] = None if self.ready_s is None else max(self.ready_s - previous, 0.0)
         return out
 
 
@@ -248,7 +248,7 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def print_tables(results: list[StartResult], console: Console) -> None:
-    names = [name for name, _ in PHASES] + ["health gate"]
+    names = [name for name, _ in PHASES] + ["readiness check"]
     starts = Table(title="engine start: seconds in each phase (from the engine log's own timestamps)")
     for column in ("round", "arm", "variant", *names, "ready s", "compile cache", "load avg"):
         starts.add_column(column, justify="right")

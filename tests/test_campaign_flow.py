@@ -68,6 +68,31 @@ def test_the_tiny_models_meet_their_acceptance_floors(demo_campaign: dict) -> No
 
 
 @pytest.mark.engine
+def test_the_eagle3_head_drafts_and_its_hash_reaches_every_cell(demo_campaign: dict) -> None:
+    """The learned-drafter arm runs like the others: vLLM's counters move for the EAGLE-3 head's deployments,
+    and every one of their cells carries the head's content hash (two heads are never pooled)."""
+    from tasks.drafters.provenance import drafter_digest
+
+    with reader() as con:
+        drafted, accepted = con.execute(
+            "SELECT sum(draft_tokens), sum(accepted_tokens) FROM v_acceptance WHERE campaign_id = ? "
+            "AND method = 'eagle3'",
+            [demo_campaign["campaign_id"]],
+        ).fetchone()
+        hashes = con.execute(
+            "SELECT variant, list(DISTINCT drafter_sha256) FROM v_cells WHERE campaign_id = ? "
+            "AND method IN ('eagle3', 'draft_model') GROUP BY ALL ORDER BY 1",
+            [demo_campaign["campaign_id"]],
+        ).fetchall()
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+    repo = Path(__file__).resolve().parent.parent
+    assert hashes == [
+        ("draft-k3", [drafter_digest(repo / "models" / "tiny-draft")]),
+        ("eagle3-k3", [drafter_digest(repo / "models" / "tiny-eagle3")]),
+    ]
+
+
+@pytest.mark.engine
 def test_the_gate_passes_every_speculative_variant(demo_campaign: dict) -> None:
     campaign = json.loads((Path(demo_campaign["directory"]) / "campaign.json").read_text())
     names = speculative(campaign["spec"])

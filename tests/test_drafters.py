@@ -550,7 +550,9 @@ def test_specgauge_campaign_run_refuses_a_broken_head_and_writes_nothing(tmp_pat
     data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     data.pop("profile", None)
     data["name"] = "drafter-contract"
+    data["variants"] = [v for v in data["variants"] if v["method"] != "eagle3"]  # the demo's own head is fine
     data["variants"].append({"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": str(head)})
+    broken = len(data["variants"]) - 1
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     home = tmp_path / "home"
@@ -564,7 +566,7 @@ def test_specgauge_campaign_run_refuses_a_broken_head_and_writes_nothing(tmp_pat
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
-        f"error: {spec}: variants[3].eagle_head: aux layers: eagle_aux_hidden_state_layer_ids [2, 4, 9] has [9] "
+        f"error: {spec}: variants[{broken}].eagle_head: aux layers: eagle_aux_hidden_state_layer_ids [2, 4, 9] has [9] "
         "outside the target's 6 layers (0..5)"
     )
     assert not (home / "raw").exists() or not any((home / "raw").iterdir())

@@ -88,9 +88,8 @@ def test_yaml_syntax_errors_give_the_line(tmp_path: Path) -> None:
 
 
 def test_learned_and_other_drafter_variants_render_vllm_configs() -> None:
-    data = demo()
+    data = demo()  # its eagle3-k3 is models/tiny-eagle3
     data["variants"] += [
-        {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"},
         {"name": "eagle3-tp", "method": "eagle3", "k": 5, "eagle_head": "h", "draft_tensor_parallel_size": 1},
         {"name": "suffix-k8", "method": "suffix", "k": 8},
         {"name": "dspark-k7", "method": "dspark", "k": 7, "draft_model": "org/dspark"},
@@ -118,16 +117,16 @@ def test_settings_a_method_does_not_read_are_refused() -> None:
     def one(variant: dict) -> str:
         return bad(lambda d: d["variants"].append(variant))
 
-    assert "variants[3]: method 'dflash' needs draft_model (the dflash drafter's path)" in one(
+    assert "variants[4]: method 'dflash' needs draft_model (the dflash drafter's path)" in one(
         {"name": "x", "method": "dflash", "k": 3}
     )
-    assert "variants[3]: method 'eagle3' does not take draft_model" in one(
+    assert "variants[4]: method 'eagle3' does not take draft_model" in one(
         {"name": "x", "method": "eagle3", "k": 3, "eagle_head": "h", "draft_model": "d"}
     )
-    assert "variants[3]: method 'suffix' does not take draft_tensor_parallel_size" in one(
+    assert "variants[4]: method 'suffix' does not take draft_tensor_parallel_size" in one(
         {"name": "x", "method": "suffix", "k": 3, "draft_tensor_parallel_size": 1}
     )
-    assert "variants[3]: method 'draft_model' does not take eagle_head, prompt_lookup_max" in one(
+    assert "variants[4]: method 'draft_model' does not take eagle_head, prompt_lookup_max" in one(
         {
             "name": "x",
             "method": "draft_model",
