@@ -11,10 +11,12 @@ they came from.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.stats import linear_fit
+from analysis.stats import LinearFit, linear_fit
 
 PREDICTORS = ("acceptance_rate", "mean_acceptance_length")
 RESPONSES = ("ttft_p50_speedup", "tpot_p50_speedup", "throughput_speedup")
@@ -55,23 +57,31 @@ def fit_row(
         .filter(pl.col(response).is_finite() & (pl.col(response) > 0))  # see speedup.py: 0 is no speedup
     )
     fit = linear_fit(clean[predictor].to_list(), clean[response].to_list(), confidence=confidence)
+    n_deployments = clean.select("variant", "repeat").n_unique() if clean.height else 0
+    return fit_record(question, method, workload, predictor, response, fit, n_deployments=n_deployments)
+
+
+def fit_record(
+    question: str,
+    method: str,
+    workload: str | None,
+    predictor: str,
+    response: str,
+    fit: LinearFit,
+    *,
+    n_deployments: int,
+    note: str | None = None,
+) -> dict:
+    """A row of FIT_SCHEMA (Q2's fits and Q3's step-time fits): the fit's figures, its note unless `note`."""
     return {
         "question": question,
         "method": method,
         "workload": workload,
         "predictor": predictor,
         "response": response,
-        "n": fit.n,
-        "n_deployments": clean.select("variant", "repeat").n_unique() if clean.height else 0,
-        "slope": fit.slope,
-        "slope_low": fit.slope_low,
-        "slope_high": fit.slope_high,
-        "intercept": fit.intercept,
-        "intercept_low": fit.intercept_low,
-        "intercept_high": fit.intercept_high,
-        "r2": fit.r2,
-        "p_value": fit.p_value,
-        "note": fit.note,
+        **asdict(fit),  # n, slope (low, high), intercept (low, high), r2, p_value, note
+        "n_deployments": n_deployments,
+        "note": fit.note if note is None else note,
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.speedup import CELL_KEY_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
+from analysis.speedup import CELL_KEY_SCHEMA, GAIN_INTERVAL_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
 
 RULE = (
     "A variant wins a workload and load only when (1) the {confidence:.0%} bootstrap interval of its "
@@ -25,12 +25,7 @@ RULE = (
 DECISION_SCHEMA = {
     **CELL_KEY_SCHEMA,
     "gain_metric": pl.String,
-    "estimate": pl.Float64,
-    "ci_low": pl.Float64,
-    "ci_high": pl.Float64,
-    "n_repeats": pl.Int32,
-    "interval": pl.String,
-    "interval_excludes_one": pl.Boolean,
+    **GAIN_INTERVAL_SCHEMA,
     "success_rate": pl.Float64,
     "success_ok": pl.Boolean,
     "gate_passed": pl.Boolean,
@@ -103,12 +98,7 @@ def decide(
             {
                 **{k: row[k] for k in (*VARIANT_KEYS, *LOAD_KEYS)},
                 "gain_metric": settings.gain_metric,
-                "estimate": row["estimate"],
-                "ci_low": row["ci_low"],
-                "ci_high": row["ci_high"],
-                "n_repeats": row["n_repeats"],
-                "interval": row["interval"],
-                "interval_excludes_one": row["interval_excludes_one"],
+                **{column: row[column] for column in GAIN_INTERVAL_SCHEMA},
                 "success_rate": success_rate,
                 "success_ok": success_ok,
                 "gate_passed": None if gate is None else bool(gate["passed"]),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.acceptance import FIT_SCHEMA
+from analysis.acceptance import FIT_SCHEMA, fit_record
 from analysis.data import AnalysisSettings, CampaignData
 from analysis.speedup import CELL_KEY_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
 from analysis.stats import has_interval, interval_label, linear_fit, mean_interval
@@ -148,25 +148,18 @@ def step_time_fits(data: CampaignData, settings: AnalysisSettings | None = None)
             note = fit.note
             if not fit.fitted and scope["k"].n_unique() < 2:
                 note = f"one depth (k={scope['k'][0]}): no slope; L* per cell is in the depth table"
+            n_deployments = scope.select("variant", "repeat").n_unique()
             rows.append(
-                {
-                    "question": "Q3",
-                    "method": method,
-                    "workload": workload,
-                    "predictor": "k",
-                    "response": "relative_step_time",
-                    "n": fit.n,
-                    "n_deployments": scope.select("variant", "repeat").n_unique(),
-                    "slope": fit.slope,
-                    "slope_low": fit.slope_low,
-                    "slope_high": fit.slope_high,
-                    "intercept": fit.intercept,
-                    "intercept_low": fit.intercept_low,
-                    "intercept_high": fit.intercept_high,
-                    "r2": fit.r2,
-                    "p_value": fit.p_value,
-                    "note": note,
-                }
+                fit_record(
+                    "Q3",
+                    method,
+                    workload,
+                    "k",
+                    "relative_step_time",
+                    fit,
+                    n_deployments=n_deployments,
+                    note=note,
+                )
             )
     return pl.DataFrame(rows, schema=FIT_SCHEMA).sort("method", "workload", nulls_last=False)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -23,6 +24,37 @@ class Interval:
 
     def excludes(self, value: float) -> bool:
         return self.low > value or self.high < value
+
+
+def _bootstrap(
+    estimate: float,
+    samples: tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
+    *,
+    n: int,
+    confidence: float,
+    seed: int,
+    resamples: int,
+    **options: Any,
+) -> Interval:
+    """The percentile bootstrap interval of `statistic` over `samples` (scipy.stats.bootstrap; `options`
+    passes on e.g. vectorized/paired), reproducible from `seed`."""
+    result = stats.bootstrap(
+        samples,
+        statistic,
+        **options,
+        confidence_level=confidence,
+        n_resamples=resamples,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
+    return Interval(
+        estimate,
+        float(result.confidence_interval.low),
+        float(result.confidence_interval.high),
+        n,
+        f"bootstrap percentile {confidence:.0%}",
+    )
 
 
 def ratio_of_means_interval(
@@ -45,22 +77,16 @@ def ratio_of_means_interval(
         return Interval(estimate, estimate, estimate, min(len(t), len(b)), "point (fewer than 2 repeats)")
     if np.ptp(t) == 0 and np.ptp(b) == 0:  # scipy's bootstrap returns NaN for a constant distribution
         return Interval(estimate, estimate, estimate, min(len(t), len(b)), "degenerate (all repeats equal)")
-    result = stats.bootstrap(
+    return _bootstrap(
+        estimate,
         (t, b),
         lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+        n=min(len(t), len(b)),
+        confidence=confidence,
+        seed=seed,
+        resamples=resamples,
         vectorized=True,
         paired=False,
-        confidence_level=confidence,
-        n_resamples=resamples,
-        method="percentile",
-        random_state=np.random.default_rng(seed),
-    )
-    return Interval(
-        estimate,
-        float(result.confidence_interval.low),
-        float(result.confidence_interval.high),
-        min(len(t), len(b)),
-        f"bootstrap percentile {confidence:.0%}",
     )
 
 
@@ -74,20 +100,8 @@ def mean_interval(
         return Interval(estimate, estimate, estimate, len(v), "point (fewer than 2 repeats)")
     if np.allclose(v, v[0]):
         return Interval(estimate, estimate, estimate, len(v), "degenerate (all repeats equal)")
-    result = stats.bootstrap(
-        (v,),
-        np.mean,
-        confidence_level=confidence,
-        n_resamples=resamples,
-        method="percentile",
-        random_state=np.random.default_rng(seed),
-    )
-    return Interval(
-        estimate,
-        float(result.confidence_interval.low),
-        float(result.confidence_interval.high),
-        len(v),
-        f"bootstrap percentile {confidence:.0%}",
+    return _bootstrap(
+        estimate, (v,), np.mean, n=len(v), confidence=confidence, seed=seed, resamples=resamples
     )
 
 

@@ -24,14 +24,20 @@ from specgauge.errors import ArtifactError
 Document = TypeVar("Document", bound=BaseModel)
 
 
+def _temporary_beside(final: Path) -> Path:
+    """A fresh temporary name beside `final` (same filesystem, so the last step is atomic); refuses an
+    existing `final`: raw artifacts are never overwritten."""
+    if final.exists():
+        raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+
+
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary directory; on success rename it to `final`, on failure remove it."""
     final = Path(final)
-    if final.exists():
-        raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp = _temporary_beside(final)
     try:
         tmp.mkdir()
     except OSError as exc:
@@ -83,10 +89,7 @@ def write_json(path: Path, data: Any) -> None:
 def write_json_atomic(final: Path, data: Any) -> None:
     """A single-file artifact (e.g. a gate verdict), never overwritten."""
     final = Path(final)
-    if final.exists():
-        raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp = _temporary_beside(final)
     try:
         write_json(tmp, data)
         _fsync(tmp)

@@ -1,1 +1,2 @@
-"""CLI command groups, one module per area; each exposes register(app)."""
+"""CLI command groups, one module per area; each exposes register(app) (warehouse_options: what the
+warehouse-opening groups share)."""

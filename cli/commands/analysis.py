@@ -13,17 +13,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+from cli.commands.warehouse_options import DbOption, say_waiting
 
-DbOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--db",
-        help="DuckDB warehouse file. Default: SPECGAUGE_WAREHOUSE, else SPECGAUGE_HOME/warehouse.duckdb.",
-        dir_okay=False,
-    ),
-]
+console = Console(soft_wrap=True)
+
 ReportsOption = Annotated[
     Path | None,
     typer.Option(
@@ -34,16 +27,12 @@ ReportsOption = Annotated[
 ]
 
 
-def _say_waiting(message: str) -> None:
-    err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
-
-
 def _run(campaign_id: str | None, db: Path | None, reports_dir: Path | None, resamples: int | None = None):
     from analysis.data import AnalysisSettings
     from analysis.run import analyze_campaign
 
     settings = AnalysisSettings() if resamples is None else AnalysisSettings(resamples=resamples)
-    return analyze_campaign(campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=_say_waiting)
+    return analyze_campaign(campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=say_waiting)
 
 
 def _print_summary(result) -> None:
@@ -132,7 +121,7 @@ def register(app: typer.Typer) -> None:
 
         if (campaign_id is None) == (not latest):
             raise InputError("give a campaign id or --latest (not both)")
-        with reader(db, on_wait=_say_waiting) as con:
+        with reader(db, on_wait=say_waiting) as con:
             resolved = resolve_campaign_id(con, campaign_id)
         path = report_path(resolved, reports_dir)
         if refresh or not path.is_file():

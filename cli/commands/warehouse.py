@@ -16,17 +16,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.commands.warehouse_options import DbOption, say_waiting
+
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
-DbOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--db",
-        help="DuckDB warehouse file. Default: SPECGAUGE_WAREHOUSE, else SPECGAUGE_HOME/warehouse.duckdb.",
-        dir_okay=False,
-    ),
-]
 LockTimeout = Annotated[
     float | None,
     typer.Option(
@@ -41,10 +35,6 @@ class OutputFormat(StrEnum):
     csv = "csv"
     json = "json"
     parquet = "parquet"
-
-
-def _say_waiting(message: str) -> None:
-    err_console.print(f"[yellow]{message}[/yellow]", highlight=False)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -77,7 +67,7 @@ def ingest(
     """
     from warehouse.ingest import ingest_raw
 
-    report = ingest_raw(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
+    report = ingest_raw(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=say_waiting)
     _print_report(report)
     if not report.ok:
         raise typer.Exit(code=1)
@@ -124,7 +114,7 @@ def rebuild(
     """
     from warehouse.ingest import rebuild as rebuild_db
 
-    report = rebuild_db(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=_say_waiting)
+    report = rebuild_db(raw_dir, db, lock_timeout_s=lock_timeout, on_wait=say_waiting)
     _print_report(report)
     if not report.ok:
         raise typer.Exit(code=1)
@@ -137,7 +127,7 @@ def migrate(db: DbOption = None, lock_timeout: LockTimeout = None) -> None:
     from warehouse.db import migrate as apply
 
     path = db or default_path()
-    with writer(path, timeout_s=lock_timeout, on_wait=_say_waiting, migrate_schema=False) as con:
+    with writer(path, timeout_s=lock_timeout, on_wait=say_waiting, migrate_schema=False) as con:
         done = apply(con)
         version = schema_version(con)
     for migration in done:
@@ -159,7 +149,7 @@ def info(db: DbOption = None) -> None:
     )
 
     path = db or default_path()
-    with reader(path, on_wait=_say_waiting) as con:
+    with reader(path, on_wait=say_waiting) as con:
         applied = applied_migrations(con)
         objects = con.execute(
             "SELECT table_name, table_type FROM information_schema.tables "
@@ -223,7 +213,7 @@ def sql(
 
     if output_format is OutputFormat.parquet and output is None:
         raise InputError("--format parquet writes a file: give --output FILE")
-    with reader(db, on_wait=_say_waiting) as con:
+    with reader(db, on_wait=say_waiting) as con:
         try:
             relation = con.sql(query)
             if relation is None:
