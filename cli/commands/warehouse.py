@@ -16,18 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.commands.warehouse_options import DbOption, say_waiting
+from cli.commands.warehouse_options import DbOption, LockTimeout, say_waiting
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
-
-LockTimeout = Annotated[
-    float | None,
-    typer.Option(
-        "--lock-timeout",
-        help="Seconds to wait for another writer to finish before giving up (default: wait as long as it takes).",
-    ),
-]
 
 
 class OutputFormat(StrEnum):

@@ -1,5 +1,5 @@
-"""What the command groups that open the warehouse (warehouse, analysis) share: the --db option and the
-note printed while waiting for another writer."""
+"""What the command groups that open the warehouse (warehouse, analysis) share: the --db and --lock-timeout
+options and the note printed while waiting for another writer."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ DbOption = Annotated[
         "--db",
         help="DuckDB warehouse file. Default: SPECGAUGE_WAREHOUSE, else SPECGAUGE_HOME/warehouse.duckdb.",
         dir_okay=False,
+    ),
+]
+LockTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--lock-timeout",
+        help="Seconds to wait for another writer to finish before giving up (default: wait as long as it takes).",
     ),
 ]
 
