@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from cli.commands.campaign import prefect_server_argv
 from tasks.launch.local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,18 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
     }
     with open(home / "server.log", "wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--analytics-off",
-            ],
+            prefect_server_argv(port),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -35,6 +35,22 @@ HEADLINE_CAPTION = (
 )
 
 
+def prefect_server_argv(port: int) -> list[str]:
+    """The command line of the Prefect server and UI on 127.0.0.1:`port` (analytics off)."""
+    return [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--analytics-off",
+    ]
+
+
 def headline_table(title: str, rows: list[dict]) -> Table:
     """The closing table of a campaign: one row per cell (tasks.campaign.headline_rows)."""
     table = Table(title=title, caption=HEADLINE_CAPTION, caption_justify="left")
@@ -142,22 +158,7 @@ def register(app: typer.Typer) -> None:
     def server_cmd(port: int = typer.Option(4200, help="Port on 127.0.0.1.")) -> None:
         """Start the Prefect server and UI on 127.0.0.1 (foreground; Ctrl-C stops it)."""
         env = {**os.environ, "PREFECT_PROFILE": "server", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-        os.execve(
-            sys.executable,
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--analytics-off",
-            ],
-            env,
-        )
+        os.execve(sys.executable, prefect_server_argv(port), env)
 
     @server_app.command("deploy")
     def deploy_cmd() -> None:
