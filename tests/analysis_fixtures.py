@@ -63,16 +63,9 @@ class PlantedBuilder(RawBuilder):
             if saved is not None:
                 self.profiles[name] = saved
 
-    def requests_frame(
-        self,
-        variant: str,
-        workload: str,
-        n_measured: int,
-        n_warmup: int,
-        rng: np.random.Generator,
-        failed: int = 0,
-    ) -> pl.DataFrame:
-        frame = super().requests_frame(variant, workload, n_measured, n_warmup, rng, failed)
+    def requests_frame(self, *args: Any, **kwargs: Any) -> pl.DataFrame:
+        """The base frame (same arguments), moved in time to how the current cell's load sends."""
+        frame = super().requests_frame(*args, **kwargs)
         cell = self._cell
         if cell is None or cell.mode != "closed":
             return frame
