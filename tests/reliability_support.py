@@ -34,7 +34,11 @@ import polars as pl
 import pytest
 import yaml
 
+from experiments.plan import plan_campaign
+from experiments.spec import load_spec
 from specgauge import progress
+from specgauge.settings import get_settings
+from tasks import campaign as campaign_state
 from tasks.launch.local import live_group_members
 
 REPO = Path(__file__).resolve().parent.parent
@@ -291,6 +295,44 @@ def warehouse_problems(raw_dir: Path, db: Path, campaign_id: str) -> list[str]:
     if in_db != on_disk:
         problems.append(f"warehouse cells/requests {in_db} != raw tree {on_disk}")
     return problems
+
+
+def campaign_dir(spec_path: Path) -> Path:
+    plan = plan_campaign(load_spec(spec_path))
+    return campaign_state.campaign_dir(plan.campaign_id)
+
+
+def run_records(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((directory / "runs").glob("*.json"))]
+
+
+def end_state(directory: Path) -> dict[str, Any]:
+    """The checks every fault ends with, as numbers."""
+    raw = get_settings().raw_dir
+    pgids = launched_pgids(directory)
+    leaked = wait_gone(pgids)
+    if leaked:
+        kill_groups(pgids)
+    return {
+        "leaked_processes": leaked,
+        "ledger": ledger_ids(),
+        "temporaries": [str(p) for p in temporaries(raw)],
+        "incomplete": incomplete_attempts(directory),
+        "records_lost": records_lost(directory),
+        "warehouse": warehouse_problems(raw, get_settings().warehouse_path, directory.name),
+    }
+
+
+def assert_clean(state: dict[str, Any]) -> None:
+    assert state["leaked_processes"] == [], "processes survived the teardown"
+    assert state["ledger"] == [], "the ledger still lists deployments"
+    assert state["temporaries"] == [] and state["incomplete"] == []
+    assert state["records_lost"] == 0
+    assert state["warehouse"] == []
+
+
+def leaks(state: dict[str, Any]) -> int:
+    return len(state["leaked_processes"]) + len(state["ledger"])
 
 
 def live_slurm_jobs() -> set[str]:

@@ -27,28 +27,28 @@ import pytest
 from reliability_support import (
     REPO,
     Hooks,
+    assert_clean,
     attempts,
+    campaign_dir,
     corpus,
     emulator_spec,
-    incomplete_attempts,
+    end_state,
     kill_groups,
     latest_deployment,
     launched_pgids,
+    leaks,
     ledger_ids,
-    records_lost,
-    temporaries,
+    run_records,
     wait_gone,
-    warehouse_problems,
     write_spec,
 )
 
 from artifacts.store import write_json_atomic
-from experiments.plan import CellPlan, plan_campaign
-from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
+from experiments.plan import CellPlan
+from experiments.spec import SLO, LoadSpec, Sampling, Variant
 from specgauge import progress
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
-from tasks import campaign as campaign_state
 from tasks.cell import run_cell
 from tasks.launch.base import Deployment
 from workloads.schema import load_corpus
@@ -65,44 +65,6 @@ def run_campaign(spec_path: Path, hooks: Hooks | None = None, **options: Any) ->
 
     with progress.reporting(hooks or Hooks()):
         return campaign(spec=str(spec_path), gate=False, analyze=False, **options)
-
-
-def campaign_dir(spec_path: Path) -> Path:
-    plan = plan_campaign(load_spec(spec_path))
-    return campaign_state.campaign_dir(plan.campaign_id)
-
-
-def run_records(directory: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((directory / "runs").glob("*.json"))]
-
-
-def end_state(directory: Path) -> dict[str, Any]:
-    """The checks every fault ends with, as numbers."""
-    raw = get_settings().raw_dir
-    pgids = launched_pgids(directory)
-    leaked = wait_gone(pgids)
-    if leaked:
-        kill_groups(pgids)
-    return {
-        "leaked_processes": leaked,
-        "ledger": ledger_ids(),
-        "temporaries": [str(p) for p in temporaries(raw)],
-        "incomplete": incomplete_attempts(directory),
-        "records_lost": records_lost(directory),
-        "warehouse": warehouse_problems(raw, get_settings().warehouse_path, directory.name),
-    }
-
-
-def assert_clean(state: dict[str, Any]) -> None:
-    assert state["leaked_processes"] == [], "processes survived the teardown"
-    assert state["ledger"] == [], "the ledger still lists deployments"
-    assert state["temporaries"] == [] and state["incomplete"] == []
-    assert state["records_lost"] == 0
-    assert state["warehouse"] == []
-
-
-def leaks(state: dict[str, Any]) -> int:
-    return len(state["leaked_processes"]) + len(state["ledger"])
 
 
 def set_emulator(directory: Path, **config: Any) -> None:

@@ -17,22 +17,21 @@ import pytest
 from reliability_support import (
     Hooks,
     attempts,
+    campaign_dir,
     incomplete_attempts,
     latest_deployment,
     launched_pgids,
     ledger_ids,
     records_lost,
+    run_records,
     temporaries,
     wait_gone,
     warehouse_problems,
     write_spec,
 )
 
-from experiments.plan import plan_campaign
-from experiments.spec import load_spec
 from specgauge import progress
 from specgauge.settings import get_settings
-from tasks import campaign as campaign_state
 
 pytest_plugins = ["reliability_support"]
 # Two engine starts and a killed cell within the test: minutes on 2 cores (the default is 5).
@@ -59,7 +58,7 @@ def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
     from flows.campaign import campaign
 
     spec = write_spec(tmp_path / "kill.yaml", SPEC)
-    directory = campaign_state.campaign_dir(plan_campaign(load_spec(spec)).campaign_id)
+    directory = campaign_dir(spec)
     killed: dict[str, float | int] = {}
 
     def kill_engine(cell_id: str, records: int) -> None:
@@ -98,7 +97,7 @@ def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
     saved = [
         json.loads((directory / "deployments" / n / "deployment.json").read_text()) for n in launches_first
     ]
-    runs = [json.loads(p.read_text()) for p in sorted((directory / "runs").glob("*.json"))]
+    runs = run_records(directory)
 
     assert killed, "the engine was never killed"
     assert failed["status"] == "failed" and failed["deployment_id"].endswith(".l1")
