@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,26 +51,9 @@ def test_refuses_non_greedy_sampling_unless_allowed(tmp_path: Path) -> None:
 
 
 def test_failed_requests_are_kept_with_their_reason(tmp_path: Path) -> None:
-    seen: list[tuple[int, int]] = []
-    path = capture(
-        nowhere(tmp_path),
-        load_corpus(CORPUS),
-        sampling=Sampling(),
-        limit=3,
-        raw_campaign_dir=tmp_path,
-        capture_id="down",
-        campaign_id=CAMPAIGN,
-        progress=lambda done, total, record: seen.append((done, total)),
-        timeout_s=5,
-    )
-    assert path == tmp_path / "captures" / "down"
-    loaded = load_capture(path)
-    assert loaded.prompt_ids == ["cap-chat-00", "cap-chat-01", "cap-chat-02"]
-    assert all(not o.ok and o.error for o in loaded.outputs)
-    assert loaded.meta["requests"] == {"total": 3, "ok": 0, "failed": 3, "with_token_ids": 0}
-    assert seen == [(1, 3), (2, 3), (3, 3)]
-    with pytest.raises(ArtifactError, match="never overwritten"):  # refused before a request goes out
-        capture(
+    def capture_down(**options: Any) -> Path:
+        """Three prompts against a deployment nobody listens on, as capture 'down'."""
+        return capture(
             nowhere(tmp_path),
             load_corpus(CORPUS),
             sampling=Sampling(),
@@ -77,7 +61,19 @@ def test_failed_requests_are_kept_with_their_reason(tmp_path: Path) -> None:
             raw_campaign_dir=tmp_path,
             capture_id="down",
             campaign_id=CAMPAIGN,
+            **options,
         )
+
+    seen: list[tuple[int, int]] = []
+    path = capture_down(progress=lambda done, total, record: seen.append((done, total)), timeout_s=5)
+    assert path == tmp_path / "captures" / "down"
+    loaded = load_capture(path)
+    assert loaded.prompt_ids == ["cap-chat-00", "cap-chat-01", "cap-chat-02"]
+    assert all(not o.ok and o.error for o in loaded.outputs)
+    assert loaded.meta["requests"] == {"total": 3, "ok": 0, "failed": 3, "with_token_ids": 0}
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    with pytest.raises(ArtifactError, match="never overwritten"):  # refused before a request goes out
+        capture_down()
 
 
 # --- the real engine --------------------------------------------------------------------------------------

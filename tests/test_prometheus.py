@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specgauge.errors import CounterReset, MetricsError
 from tasks.metrics.gauges import GAUGE_SCHEMA, GaugeSampler
 from tasks.metrics.prometheus import (
+    SpecDelta,
     counter_delta,
     gauges,
     has_spec_decode,
@@ -306,20 +307,29 @@ def real_pair() -> tuple[str, str, dict]:
     return (DATA / "draft-k3.before.txt").read_text(), (DATA / "draft-k3.after.txt").read_text(), facts
 
 
-def test_real_snapshots_are_consistent() -> None:
-    before, after, facts = real_pair()
-    model, k = facts["model"], facts["k"]
+def assert_engine_pair_consistent(
+    before: str, after: str, model: str, k: int, usages: list[dict]
+) -> SpecDelta:
+    """A before/after pair scraped around real requests (their `usage`: prompt and completion tokens) on a
+    k-token drafter: the speculation counters agree with each other and the token counters with the usages."""
     delta = spec_decode_delta(before, after, model)
     assert delta.drafts > 0
     assert delta.draft_tokens == k * delta.drafts
     assert 0 <= delta.accepted_tokens <= delta.draft_tokens
     assert sum(delta.accepted_per_position.values()) == delta.accepted_tokens
     assert list(delta.acceptance_rate_per_position) == [str(i) for i in range(k)]
-    assert 1.0 <= delta.mean_acceptance_length <= 1 + k
     generated = counter_delta(before, after, "vllm:generation_tokens_total", model)
-    assert generated == sum(r["completion_tokens"] for r in facts["requests"])
+    assert generated == sum(u["completion_tokens"] for u in usages)
     prompt = counter_delta(before, after, "vllm:prompt_tokens_total", model)
-    assert prompt == sum(r["prompt_tokens"] for r in facts["requests"])
+    assert prompt == sum(u["prompt_tokens"] for u in usages)
+    return delta
+
+
+def test_real_snapshots_are_consistent() -> None:
+    before, after, facts = real_pair()
+    model, k = facts["model"], facts["k"]
+    delta = assert_engine_pair_consistent(before, after, model, k, facts["requests"])
+    assert 1.0 <= delta.mean_acceptance_length <= 1 + k
     assert gauges(after, model) == {"kv_cache_usage": 0.0, "running": 0, "waiting": 0, "preemptions_total": 0}
 
 
@@ -515,18 +525,7 @@ def test_real_engine_deltas_and_gauges(engines) -> None:
         return before, after, usages, sampler
 
     before, after, usages, sampler = asyncio.run(run())
-    delta = spec_decode_delta(before, after, model)
-    assert delta.drafts > 0
-    assert delta.draft_tokens == k * delta.drafts
-    assert 0 <= delta.accepted_tokens <= delta.draft_tokens
-    assert sum(delta.accepted_per_position.values()) == delta.accepted_tokens
-    assert list(delta.acceptance_rate_per_position) == [str(i) for i in range(k)]
-    assert counter_delta(before, after, "vllm:generation_tokens_total", model) == sum(
-        u["completion_tokens"] for u in usages
-    )
-    assert counter_delta(before, after, "vllm:prompt_tokens_total", model) == sum(
-        u["prompt_tokens"] for u in usages
-    )
+    assert_engine_pair_consistent(before, after, model, k, usages)
     with pytest.raises(CounterReset):
         spec_decode_delta(after, before, model)
 
