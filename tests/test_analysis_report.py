@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 from analysis_fixtures import CHROMIUM, Chromium, PlantedBuilder, pixel_spread, profile
-from warehouse_fixtures import make_spec
+from warehouse_fixtures import make_spec, profile_meta, real_profile_breakdown
 
 from analysis.data import AnalysisSettings
 from analysis.report import external_references
 from analysis.run import analyze_campaign
-from tasks.profile.breakdown import counters_from_metrics
-from tasks.profile.torch_trace import analyze_trace
 from tasks.profile.window import write_profile_artifact
 from warehouse.ingest import ingest_raw
 
 pytestmark = pytest.mark.chromium
-PROFILE_DATA = Path(__file__).parent / "data" / "profile"
 
 
 def plant(variant: str, repeat: int, workload: str, load: str):
@@ -32,38 +29,9 @@ def plant(variant: str, repeat: int, workload: str, load: str):
 
 def write_profile(builder: PlantedBuilder) -> None:
     """A real profiled window (the CPU trace kept in tests/data/profile) in the campaign: the waste chart."""
-    counters = counters_from_metrics(
-        (PROFILE_DATA / "metrics_before.txt").read_text(),
-        (PROFILE_DATA / "metrics_after.txt").read_text(),
-        "tiny-draft-k3",
-    )
-    breakdown = analyze_trace(PROFILE_DATA / "draft-k3.code.c2.worker.pt.trace.json.gz", counters, k=3)
     profile_id = "draft-k3.code.c2.A"
-    meta = {
-        "format": 1,
-        "profile_id": profile_id,
-        "campaign_id": builder.campaign_id,
-        "deployment_id": f"{builder.campaign_id}.draft-k3.profile.l1",
-        "variant": {"name": "draft-k3", "method": "draft_model", "k": 3, "draft_model": "models/tiny-draft"},
-        "profiler": "torch-profiler",
-        "workload": {
-            "file": "workloads/smoke.jsonl",
-            "sha256": "0" * 64,
-            "stratum": "code",
-            "prompt_ids": [],
-        },
-        "load": {"mode": "closed", "concurrency": 2, "requests": 4, "warmup": 2},
-        "deployment": {"launcher": "local", "engine_version": "0.32.0"},
-        "tool": {"specgauge_version": "0.1.0", "git_revision": "x"},
-        "host": {"hostname": "h"},
-        "started_utc": "2026-11-30T17:13:00.000Z",
-        "ended_utc": "2026-11-30T17:13:30.000Z",
-        "status": "ok",
-        "error": None,
-        "requests": {"total": 4, "ok": 4, "failed": 0},
-        "trace": None,
-    }
-    write_profile_artifact(builder.campaign_dir / "profiles" / profile_id, meta, breakdown)
+    meta = profile_meta(builder.campaign_id, profile_id, ended="2026-11-30T17:13:30.000Z")
+    write_profile_artifact(builder.campaign_dir / "profiles" / profile_id, meta, real_profile_breakdown())
 
 
 @pytest.fixture(scope="module")

@@ -3,56 +3,26 @@ quarantine of bad artifacts, and the chart command over the view."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from warehouse_fixtures import PROFILE_TRACE, profile_meta, real_profile_breakdown
 
-from tasks.profile.breakdown import counters_from_metrics
-from tasks.profile.torch_trace import analyze_trace
 from tasks.profile.window import write_profile_artifact
 from warehouse.db import reader
 from warehouse.ingest import ingest_raw
 
-DATA = Path(__file__).parent / "data" / "profile"
-TRACE = DATA / "draft-k3.code.c2.worker.pt.trace.json.gz"
+TRACE = PROFILE_TRACE
 CAMPAIGN = "demo-0000abcd"
-
-
-def meta_for(profile_id: str, *, status: str = "ok", started: str = "2026-11-30T17:13:00.000Z") -> dict:
-    return {
-        "format": 1,
-        "profile_id": profile_id,
-        "campaign_id": CAMPAIGN,
-        "deployment_id": f"{CAMPAIGN}.draft-k3.profile.l1",
-        "variant": {"name": "draft-k3", "method": "draft_model", "k": 3, "draft_model": "models/tiny-draft"},
-        "profiler": "torch-profiler",
-        "workload": {
-            "file": "workloads/smoke.jsonl",
-            "sha256": "0" * 64,
-            "stratum": "code",
-            "prompt_ids": [],
-        },
-        "load": {"mode": "closed", "concurrency": 2, "requests": 4, "warmup": 2},
-        "deployment": {"launcher": "local", "engine_version": "0.32.0"},
-        "tool": {"specgauge_version": "0.1.0", "git_revision": "x"},
-        "host": {"hostname": "h"},
-        "started_utc": started,
-        "ended_utc": started,
-        "status": status,
-        "error": None if status == "ok" else "POST /start_profile: HTTP 404",
-        "requests": {"total": 4, "ok": 4, "failed": 0},
-        "trace": None,
-    }
+meta_for = functools.partial(profile_meta, CAMPAIGN)
 
 
 @pytest.fixture(scope="module")
 def breakdown():
-    counters = counters_from_metrics(
-        (DATA / "metrics_before.txt").read_text(), (DATA / "metrics_after.txt").read_text(), "tiny-draft-k3"
-    )
-    return analyze_trace(TRACE, counters, k=3)
+    return real_profile_breakdown()
 
 
 def test_ingest_view_and_idempotence(tmp_path: Path, breakdown) -> None:

@@ -29,6 +29,8 @@ from tasks.drafters.provenance import drafter_record
 from tasks.launch.base import Deployment
 from tasks.launch.command import served_name, vllm_args
 from tasks.load.records import RequestRecord, records_frame
+from tasks.profile.breakdown import Breakdown, counters_from_metrics
+from tasks.profile.torch_trace import analyze_trace
 
 
 def make_spec(
@@ -556,3 +558,55 @@ class RawBuilder:
                     self.write_capture(slot, capture_id)
         if run:
             self.write_run()
+
+
+# -------------------------------------------------------------------------------------------------- profiles
+
+PROFILE_DATA = REPO / "tests" / "data" / "profile"
+PROFILE_TRACE = PROFILE_DATA / "draft-k3.code.c2.worker.pt.trace.json.gz"
+
+
+def real_profile_breakdown() -> Breakdown:
+    """The breakdown of the real profiled window kept in tests/data/profile (draft-k3, code, concurrency 2)."""
+    counters = counters_from_metrics(
+        (PROFILE_DATA / "metrics_before.txt").read_text(),
+        (PROFILE_DATA / "metrics_after.txt").read_text(),
+        "tiny-draft-k3",
+    )
+    return analyze_trace(PROFILE_TRACE, counters, k=3)
+
+
+def profile_meta(
+    campaign_id: str,
+    profile_id: str,
+    *,
+    status: str = "ok",
+    started: str = "2026-11-30T17:13:00.000Z",
+    ended: str | None = None,
+) -> dict[str, Any]:
+    """The meta.json of that window as tasks.profile.window writes it (a failed one says why); ended: started
+    unless given."""
+    return {
+        "format": 1,
+        "profile_id": profile_id,
+        "campaign_id": campaign_id,
+        "deployment_id": f"{campaign_id}.draft-k3.profile.l1",
+        "variant": {"name": "draft-k3", "method": "draft_model", "k": 3, "draft_model": "models/tiny-draft"},
+        "profiler": "torch-profiler",
+        "workload": {
+            "file": "workloads/smoke.jsonl",
+            "sha256": "0" * 64,
+            "stratum": "code",
+            "prompt_ids": [],
+        },
+        "load": {"mode": "closed", "concurrency": 2, "requests": 4, "warmup": 2},
+        "deployment": {"launcher": "local", "engine_version": "0.32.0"},
+        "tool": {"specgauge_version": "0.1.0", "git_revision": "x"},
+        "host": {"hostname": "h"},
+        "started_utc": started,
+        "ended_utc": ended or started,
+        "status": status,
+        "error": None if status == "ok" else "POST /start_profile: HTTP 404",
+        "requests": {"total": 4, "ok": 4, "failed": 0},
+        "trace": None,
+    }
