@@ -1,7 +1,7 @@
 """Where the embedded engine's start-up goes, per variant and launcher setting, and what each setting does
 to the step time once it serves.
 
-Launches every variant of experiments/demo.yaml (and `eagle3-k3` when models/tiny-eagle3 exists) through
+Launches every variant of experiments/demo.yaml (and `eagle3-k3` when models/tiny-eagle3 or --eagle-head exists) through
 specgauge's own local launcher, once per arm (a way of starting the engine) per round, interleaved: round 1
 runs every (arm, variant) once, round 2 again, and so on, so that the machine's drift (15-30% within
 minutes on a shared 2-core machine) hits every arm alike. Each start's engine.log is cut into phases by its
