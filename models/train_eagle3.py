@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--generate-batch-tokens", type=int, default=400_000)
     parser.add_argument("--batch-tokens", type=int, default=65_536)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--data-cache", type=Path, default=None, help="store/reuse the generated answers")
