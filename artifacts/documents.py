@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import polars as pl
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 # ---------------------------------------------------------------------------------------------- value types
@@ -38,9 +38,15 @@ def _time(value: str) -> str:
     return value
 
 
+def _integral(value: Any) -> Any:
+    """Counts read from Prometheus text are floats (63.0), and summaries written before the contract kept
+    them so: a float with no fraction is that whole number; 63.5 is still refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 # Strict: a JSON value of another type is refused, never converted ("3" is not a number, 1 not true).
 Number = Annotated[float, Field(strict=True)]  # an int is taken, as a float
-Whole = Annotated[int, Field(strict=True)]
+Whole = Annotated[int, Field(strict=True), BeforeValidator(_integral)]
 Text = Annotated[str, Field(strict=True)]
 Flag = Annotated[bool, Field(strict=True)]
 Time = Annotated[str, Field(strict=True), AfterValidator(_time)]

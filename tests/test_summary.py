@@ -206,6 +206,25 @@ def test_speculation_block_and_tokens_per_chunk_check() -> None:
     assert abs(check["rel_diff"]) > TOKENS_PER_STEP_TOLERANCE and check["ok"] is False
 
 
+def test_counts_read_from_a_real_engine_are_whole_numbers() -> None:
+    """vLLM's counters parse as floats (Prometheus text): the speculation block takes them, as whole numbers,
+    from a real draft-model deployment's before/after snapshots."""
+    data = Path(__file__).parent / "data" / "metrics"
+    before, after = (data / "draft-k3.before.txt").read_text(), (data / "draft-k3.after.txt").read_text()
+    model = next(
+        line.split('model_name="')[1].split('"')[0] for line in before.splitlines() if 'model_name="' in line
+    )
+    spec = spec_decode_delta(before, after, model)
+    generated = counter_delta(before, after, "vllm:generation_tokens_total", model)
+    assert isinstance(generated, float)  # what counter_delta gives: a float, from Prometheus text
+    block = summarize(spec=spec, generation_tokens_delta=generated)["speculation"]
+    for key in ("drafts", "draft_tokens", "accepted_tokens", "tokens", "decode_steps"):
+        assert isinstance(block[key], int), (key, block[key])
+    assert block["tokens"] == generated and block["decode_steps"] == generated - spec.accepted_tokens
+    with pytest.raises(ValueError, match="int"):
+        summarize(spec=spec, generation_tokens_delta=generated + 0.5)
+
+
 def test_plain_cell_has_no_speculation() -> None:
     summary = summarize(generation_tokens_delta=13)
     assert summary["speculation"] is None
