@@ -643,6 +643,20 @@ def main(argv: list[str] | None = None) -> int:
     decay = [args.step_decay**j for j in range(args.ttt_steps)]
     history, batches = [], []
     best = {"score": -1.0, "step": -1, "state": None}
+
+    def check_held_out() -> dict:  # the same held-out check during training and on the kept weights
+        return evaluate(
+            head,
+            tap,
+            target,
+            valid_examples,
+            valid_batches,
+            steps=args.ttt_steps,
+            pad=pad,
+            device=device,
+            prompt_weight=args.prompt_weight,
+        )
+
     train_started = time.time()
     for step in range(args.steps):
         if not batches:
@@ -676,17 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(time.time() - train_started, 1),
             }
             if step % args.eval_every == 0 or step == args.steps - 1:
-                entry["held_out"] = evaluate(
-                    head,
-                    tap,
-                    target,
-                    valid_examples,
-                    valid_batches,
-                    steps=args.ttt_steps,
-                    pad=pad,
-                    device=device,
-                    prompt_weight=args.prompt_weight,
-                )
+                entry["held_out"] = check_held_out()
                 score = entry["held_out"]["simulated_acceptance_length_all"]
                 if score > best["score"]:  # keep the best held-out head: the prompts are seen many times
                     best = {"score": score, "step": step, "state": head.vllm_state_dict()}
@@ -696,17 +700,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The check that counts: the saved (bfloat16) weights, reloaded, on the held-out answers.
     head.load_state_dict({k: v.float() for k, v in best["state"].items()}, strict=False)
-    final = evaluate(
-        head,
-        tap,
-        target,
-        valid_examples,
-        valid_batches,
-        steps=args.ttt_steps,
-        pad=pad,
-        device=device,
-        prompt_weight=args.prompt_weight,
-    )
+    final = check_held_out()
     print(f"[final] kept step {best['step']}: {json.dumps(final)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     save_file(best["state"], str(args.out / "model.safetensors"), metadata={"format": "pt"})
