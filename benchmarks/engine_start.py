@@ -17,6 +17,8 @@ Arms (comma-separated, `--arms`):
   cached      launcher.compilation "cached": the same compilation, vLLM's AOT cache off, Inductor's cache
               in the run's compile cache directory
   eager       launcher.compilation "eager": --enforce-eager, no torch.compile at all
+  inproc      "cached", and the worker inside the engine core process (--distributed-executor-backend uni
+              with VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform turns uni into mp)
   configured  the demo's launcher settings as they are, the compile cache where the environment puts it
 
     .venv/bin/python benchmarks/engine_start.py [--arms compiled,eager] [--variants plain,ngram-k3,draft-k3]
@@ -144,6 +146,11 @@ def arms_for(names: list[str], cache_root: Path) -> list[Arm]:
         "compiled": Arm("compiled", launcher_update={"compilation": "vllm"}, env=cache),
         "cached": Arm("cached", launcher_update={"compilation": "cached"}, env=cache),
         "eager": Arm("eager", launcher_update={"compilation": "eager"}, env=cache),
+        "inproc": Arm(
+            "inproc",
+            launcher_update={"compilation": "cached", "uniprocess_executor": True},
+            env={**cache, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        ),
         "configured": Arm("configured"),
     }
     unknown = [n for n in names if n not in known]
@@ -234,7 +241,7 @@ def one_start(
                     slo=spec.slo,
                     cells_dir=directory / "cells",
                 )
-                summaries[concurrency] = outcome.summary
+                summaries[concurrency] = outcome.summary.model_dump(mode="json")  # as summary.json has it
     log_text = (directory / "engine.log").read_text(errors="replace")
     phases = parse_phases(log_text, started, ready_s)
     if phases.compile_cache == "inductor" and inductor_cache.exists():

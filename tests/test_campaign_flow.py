@@ -175,7 +175,7 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
         variants=data["variants"][:2],
         target={"model": "emulated", "served_model_name": "emulated"},
         load={"concurrencies": [2], "requests": 2, "warmup": 0, "request_timeout_s": 30},
-        capture={"corpus": "workloads/capture.jsonl", "plain_controls": 1},
+        capture={"corpus": "workloads/capture.jsonl", "plain_controls": 1, "max_tokens": 8},
         launcher={"kind": "endpoint", "base_url": emulator.url},
         repeats=1,
     )

@@ -85,7 +85,7 @@ def real(
 ) -> dict[str, Path]:
     """Captures of the whole 36-prompt corpus on every deployment the gate needs. The session's campaign
     (tests/conftest.py) took them on its plain deployments (plain.r0 twice: the same-deployment control;
-    plain.r1: launched apart, the cross-deployment control) and on each speculative variant's first repeat;
+    plain.ctl1: launched apart, the cross-deployment control) and on each speculative variant's first repeat;
     added here: a temperature-1 capture on the session's plain engine, and the draft model served as the
     target (a lossy treatment, launched here and torn down at once)."""
     from tasks.health import wait_ready
@@ -103,6 +103,7 @@ def real(
             deployment,
             corpus,
             sampling=kwargs.pop("sampling", greedy),
+            max_tokens=spec.capture.max_tokens,  # as the campaign captured, so the prompts compare
             raw_campaign_dir=raw,
             capture_id=capture_id,
             campaign_id=CAMPAIGN,
@@ -139,7 +140,7 @@ def speculative(campaign_spec: Path) -> list[str]:
 
 
 def controls(real: dict[str, Path]) -> list[tuple[Path, Path]]:
-    return [(real["plain.r0"], real["plain.r0.again"]), (real["plain.r0"], real["plain.r1"])]
+    return [(real["plain.r0"], real["plain.r0.again"]), (real["plain.r0"], real["plain.ctl1"])]
 
 
 @pytest.mark.engine

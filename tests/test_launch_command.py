@@ -110,3 +110,22 @@ def test_a_cached_launch_records_its_cache_and_the_targets_env_wins(home: Path, 
     launcher.teardown(deployment)
     extra = json.loads((tmp_path / "own" / "deployment.json").read_text())["extra"]
     assert extra["compilation"] == "extra_args" and "VLLM_USE_AOT_COMPILE" not in extra
+
+
+def test_the_uniprocess_executor_takes_effect_on_the_cpu_and_is_recorded(home: Path, tmp_path: Path) -> None:
+    """vLLM's CPU platform turns "uni" into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING is 0: the launcher
+    sets it with "uni" (and only then), the caller's environment wins, and deployment.json records it."""
+    from tasks.launch.local import uniprocess_env
+
+    assert engine_args(LocalLaunchSpec())[-2:] == ["--distributed-executor-backend", "uni"]
+    assert "--distributed-executor-backend" not in engine_args(LocalLaunchSpec(uniprocess_executor=False))
+    assert uniprocess_env(["x", "--distributed-executor-backend", "uni"]) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
+    }
+    assert uniprocess_env(["x", "--distributed-executor-backend", "mp"]) == {}
+    for uni in (True, False):
+        launcher = LocalLauncher(LocalLaunchSpec(uniprocess_executor=uni), engine_python=Path(sys.executable))
+        deployment = launcher.launch(TARGET, DRAFT, deployment_id=f"u-{uni}", directory=tmp_path / str(uni))
+        launcher.teardown(deployment)
+        extra = json.loads((tmp_path / str(uni) / "deployment.json").read_text())["extra"]
+        assert extra.get("VLLM_ENABLE_V1_MULTIPROCESSING") == ("0" if uni else None)

@@ -348,6 +348,7 @@ def _wait(condition, timeout_s: float, what: str, poll_s: float = 0.3):
 
 
 @pytest.mark.server  # a real Prefect API
+@pytest.mark.timeout(600)
 def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
     prefect_api, standin, standin_engine, home, tmp_path, observe
 ) -> None:
@@ -392,14 +393,21 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
             except Exception:  # the deployment is not registered yet
                 return None
 
-        flow_run = _wait(submitted, 60, "the served deployment")
-        _wait(
-            lambda: (
-                (directory / "deployments").exists() and latest_deployment(directory)["status"] == "ready"
-            ),
-            120,
-            "the engine to be ready",
-        )
+        flow_run = _wait(submitted, 120, "the served deployment")
+
+        def engine_ready() -> bool:
+            if not (directory / "deployments").exists():
+                return False
+            status = latest_deployment(directory)["status"]
+            assert status != "failed", f"the launch failed; serve log:\n{log_path.read_text()[-4000:]}"
+            return status == "ready"
+
+        # The served process imports the flows, polls, then runs the flow in a process of its own that
+        # launches the stand-in: on a fresh 2-core CI machine that took over 120 s once.
+        try:
+            _wait(engine_ready, 300, "the engine to be ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; serve log:\n{log_path.read_text()[-4000:]}") from None
         engine_pgid = latest_deployment(directory)["pid"]
         time.sleep(3)  # a few requests into the cell
         with get_client(sync_client=True) as client:

