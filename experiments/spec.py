@@ -245,9 +245,9 @@ class LocalLaunchSpec(Strict):
     ready_timeout_s: float = Field(default=600.0, gt=0)
     # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
     # 2-core machine, starves the API server: whole responses then arrive in one burst (TTFT = E2E).
-    # The uniprocess executor runs the worker inside the engine core; measured: 7 of 16 streams burst
-    # with the default, 0 of 16 with "uni" (docs/performance.md, "Embedded engine"), and a start 14 s
-    # shorter (one process fewer importing torch and vLLM: "Engine start").
+    # The uniprocess executor runs the worker inside the engine core: one process fewer importing torch
+    # and vLLM, a start 14-19 s shorter, a draft model's steps a third shorter (docs/performance.md,
+    # "Engine start"); it does not decide the bursts ("Embedded engine").
     uniprocess_executor: bool = Field(
         default=True,
         description="Add --distributed-executor-backend uni when TP and DP are 1 (and set "

@@ -5,8 +5,6 @@ Thin: analysis.run.analyze_campaign does the work; this flow adds the writer's g
 retry on lock contention, and Prefect artifacts pointing at the report.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 

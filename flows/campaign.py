@@ -8,8 +8,6 @@ speculative variant (its verdicts are raw artifacts), ingest the raw tree once, 
 Re-running the same spec resumes: finished cells, captures, profiles and verdicts are skipped.
 """
 
-from __future__ import annotations
-
 import logging
 from pathlib import Path
 from typing import Any

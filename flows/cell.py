@@ -3,8 +3,6 @@
 Useful to measure a shared deployment or a gateway as it is: nothing is launched or torn down. The cell's
 artifact lands in RAW/<campaign_id>/cells/ like a campaign's, so `specgauge ingest` takes it as it comes."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow, get_run_logger

@@ -4,8 +4,6 @@ The pairs come from the campaign's plan (experiments.plan.GatePlan): treatment, 
 repeat); controls, plain captured twice on one deployment, and plain vs each separately launched plain
 deployment (the extra control launches, and other repeats)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 

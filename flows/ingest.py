@@ -3,8 +3,6 @@
 Writers are serialised twice over: the Prefect global concurrency limit below (so a UI-triggered and a
 scheduled flow queue instead of failing) and the warehouse's own file lock (which also covers the CLI)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow, get_run_logger

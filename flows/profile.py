@@ -1,8 +1,6 @@
 """The profile flow: launch a speculative variant with the profiler on, run one short window, analyse where
 its compute went (drafting, verification of rejected tokens = waste, useful work), write the artifact."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 

@@ -1,8 +1,6 @@
 """The regression flow: run the regression spec as a fresh campaign, compare it with the spec's reference
 run, and end Failed (with an event and an artifact saying what moved) when a guarded figure regressed."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow, get_run_logger

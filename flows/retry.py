@@ -1,8 +1,6 @@
 """Which failures are worth a retry: transient ones (connection errors, 5xx, a launch that died on its
 node), never deterministic ones (bad input, 4xx)."""
 
-from __future__ import annotations
-
 import httpx
 
 from specgauge.errors import InputError, LaunchError

@@ -177,7 +177,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def demo_campaign(prefect_harness: None, engines: EnginePool) -> dict:
-    """The demo's variants in the tests' campaign (tests/data/specs/campaign.yaml: 6 engine starts and a
+    """The demo's variants in the tests' campaign (tests/data/specs/campaign.yaml: 5 engine starts and a
     profiled one), run once per session through the campaign flow on the real engine; the tests of the flow,
     the warehouse, the gate, the captures, the profile and the analysis read its results."""
     engines.stop()  # none is up when the campaign's tests run first; idle engines would compete for the cores

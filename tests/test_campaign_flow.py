@@ -210,3 +210,50 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
     assert set(slot_run.parameters) == {"spec", "campaign_id", "slot", "corpora"}
     assert slot_run.parameters["campaign_id"] == plan.campaign_id
     assert slot_run.parameters["slot"]["deployment_id"] == f"{plan.campaign_id}.ngram-k3.r0"
+
+
+def test_flows_validate_their_parameters_when_pickled_by_value() -> None:
+    """Prefect's runner (`flow.serve`, and a served deployment run from the UI) runs a flow in a spawned
+    process from a cloudpickle of the Flow, whose function goes by value: its globals hold only the names
+    its code uses. A parameter annotation left as a string (`from __future__ import annotations`) then names
+    a type that is not there, and every call of the subflow fails validation (seen: the campaign served and
+    cancelled in test_reliability never launched). So every flow's annotations are types, and a by-value copy
+    of the deployment subflow validates a planned slot."""
+    import cloudpickle
+    from prefect import Flow
+
+    import flows.analyze
+    import flows.campaign
+    import flows.cell
+    import flows.gate
+    import flows.ingest
+    import flows.profile
+    import flows.regression
+    from experiments.plan import plan_campaign
+    from experiments.spec import load_spec
+
+    modules = (
+        flows.analyze,
+        flows.campaign,
+        flows.cell,
+        flows.gate,
+        flows.ingest,
+        flows.profile,
+        flows.regression,
+    )
+    found = {name: obj for module in modules for name, obj in vars(module).items() if isinstance(obj, Flow)}
+    assert {"campaign", "deployment_flow", "gate_campaign", "profile"} <= set(found)
+    for name, obj in found.items():
+        strings = [k for k, v in obj.fn.__annotations__.items() if isinstance(v, str)]
+        assert strings == [], f"{name}: annotations left as strings: {strings}"
+
+    spec = load_spec(REPO / "tests" / "data" / "specs" / "campaign.yaml")
+    plan = plan_campaign(spec)
+    slot = plan.deployments[0]
+    corpora = flows.campaign.slot_corpora(spec, plan, slot)
+    copy = cloudpickle.loads(cloudpickle.dumps(flows.campaign.deployment_flow))
+    assert copy.fn.__code__.co_filename == "<dynamic-code>"  # by value, as the runner's process gets it
+    validated = copy.validate_parameters(
+        {"spec": spec, "campaign_id": plan.campaign_id, "slot": slot, "corpora": corpora}
+    )
+    assert validated["slot"] == slot and validated["spec"] == spec
