@@ -240,8 +240,11 @@ def test_records_fit_the_parquet_schema(emulator):
 
 # -- the real engine ---------------------------------------------------------------------------------------
 @pytest.mark.engine
-def test_real_engine_ngram_chunks_carry_several_exact_tokens(engines):
-    deployment = engines.get("ngram-k3")
+def test_real_engine_speculative_chunks_carry_several_exact_tokens(engines):
+    """On the real engine with speculation, a chunk carries the accepted drafts and the bonus token: the
+    client counts every token exactly. The pool's draft-model engine (the campaign's n-gram cells check the
+    same through each cell's tokens-per-chunk against acceptance cross-check)."""
+    deployment = engines.get("draft-k3")
     text = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n"
     prompts = [prompt(text, max_tokens=48, pid=f"loop{i}") for i in range(3)]
     records, client = send_all(
@@ -261,6 +264,6 @@ def test_real_engine_ngram_chunks_carry_several_exact_tokens(engines):
         # a tiny model on the CPU can stream a whole answer within one read of a busy client, so these may
         # coincide (TPOT 0): the client stamps bytes when it reads them, never invents spacing
         assert r.ttft_s > 0 and r.tpot_s >= 0 and r.e2e_s >= r.ttft_s
-    # n-gram speculation on a looping continuation: some chunks carry accepted drafts plus the bonus token
+    # speculation on a looping continuation: some chunks carry accepted drafts plus the bonus token
     assert max(n for r in records for n in r.chunk_tokens) >= 2
     assert sum(r.chunks for r in records) < sum(r.completion_tokens for r in records)
