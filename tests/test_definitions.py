@@ -56,3 +56,23 @@ def test_the_cli_help_lists_every_command_group() -> None:
         "reap",
     ):
         assert command in out.stdout, command
+
+
+def test_the_local_profile_waits_for_prefects_ephemeral_api(tmp_path: Path) -> None:
+    """Flows run by the CLI (`make demo`) start Prefect's ephemeral API; its first start in a fresh home
+    migrates a new database and took 24 s on 2 cores, past Prefect's 20 s default, and the demo died. The
+    repo's `local` profile, which the CLI selects, gives it longer."""
+    import os
+
+    probe = (
+        "from specgauge.prefect_env import configure; configure()\n"
+        "from prefect.settings import get_current_settings\n"
+        "s = get_current_settings()\n"
+        "print(s.server.ephemeral.enabled, s.server.ephemeral.startup_timeout_seconds)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["SPECGAUGE_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    enabled, timeout_s = out.stdout.split()
+    assert enabled == "True" and int(timeout_s) >= 120
