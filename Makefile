@@ -41,8 +41,9 @@ services: system venv
 demo: venv engine
 	$(VENV)/bin/specgauge demo
 
+# PYTEST_ARGS: extra pytest arguments, e.g. `make test PYTEST_ARGS="--junitxml=var/junit.xml"` (tests/README.md)
 test: venv engine services
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,67 @@
+"""How long each marker slice of the suite took within one whole run (the table in tests/README.md).
+
+    make test PYTEST_ARGS="--junitxml=var/junit.xml"
+    .venv/bin/python tests/slice_times.py var/junit.xml
+
+Times come from the run's JUnit report (each test's set-up, call and tear-down), so a session fixture counts
+in the slice of the first test that asked for it, as it did in the run; slices are selected as
+tests/README.md says (`pytest --collect-only -m ...`), and overlap where the markers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLICES = {
+    "no marker": "not engine and not slurm and not server and not chromium",
+    "`server`, not engine/slurm": "server and not engine and not slurm",
+    "`chromium`": "chromium",
+    "`slurm`, not engine": "slurm and not engine",
+    "`engine`": "engine",
+}
+
+
+def junit_times(report: Path) -> dict[str, float]:
+    """Seconds per test id (`tests/test_x.py::test_y[param]`) from a JUnit XML report."""
+    times: dict[str, float] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        times[f"{module}.py::{case.get('name')}"] = float(case.get("time") or 0.0)
+    return times
+
+
+def selected(expression: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    return {line.strip() for line in out.stdout.splitlines() if "::" in line}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("report", type=Path, help="the JUnit XML report of one whole run")
+    args = parser.parse_args()
+    times = junit_times(args.report)
+    print("| slice | tests | time |\n|---|---|---|")
+    for name, expression in SLICES.items():
+        ids = selected(expression)
+        seconds = sum(times.get(i, 0.0) for i in ids)
+        missing = len(ids - times.keys())
+        note = f" ({missing} not in the report)" if missing else ""
+        print(f"| {name} | {len(ids)} | {seconds / 60:.1f} min{note} |")
+    print(f"| everything | {len(times)} | {sum(times.values()) / 60:.1f} min |")
+
+
+if __name__ == "__main__":
+    main()
