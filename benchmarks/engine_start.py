@@ -17,8 +17,9 @@ Arms (comma-separated, `--arms`):
   cached      launcher.compilation "cached": the same compilation, vLLM's AOT cache off, Inductor's cache
               in the run's compile cache directory
   eager       launcher.compilation "eager": --enforce-eager, no torch.compile at all
-  inproc      "cached", and the worker inside the engine core process (--distributed-executor-backend uni
-              with VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform turns uni into mp)
+  apart       "cached" with the worker in a process of its own (launcher.uniprocess_executor off: vLLM's
+              default on the CPU, and what every start did before the launcher set
+              VLLM_ENABLE_V1_MULTIPROCESSING=0 with "uni")
   configured  the demo's launcher settings as they are, the compile cache where the environment puts it
 
     .venv/bin/python benchmarks/engine_start.py [--arms compiled,eager] [--variants plain,ngram-k3,draft-k3]
@@ -146,10 +147,8 @@ def arms_for(names: list[str], cache_root: Path) -> list[Arm]:
         "compiled": Arm("compiled", launcher_update={"compilation": "vllm"}, env=cache),
         "cached": Arm("cached", launcher_update={"compilation": "cached"}, env=cache),
         "eager": Arm("eager", launcher_update={"compilation": "eager"}, env=cache),
-        "inproc": Arm(
-            "inproc",
-            launcher_update={"compilation": "cached", "uniprocess_executor": True},
-            env={**cache, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        "apart": Arm(
+            "apart", launcher_update={"compilation": "cached", "uniprocess_executor": False}, env=cache
         ),
         "configured": Arm("configured"),
     }
