@@ -9,12 +9,16 @@ ENGINE_VENV := .engine-venv
 ENGINE_PIP_ARGS ?=
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: demo test venv engine system services lint clean-var help
+.PHONY: demo test venvs venv engine system services lint clean-var help
 
 help:
 	@echo "make demo   set up, then run the demo campaign on the embedded engine (plain, n-gram, draft model)"
 	@echo "make test   set up (venvs, system packages, services), then run the whole test suite"
 	@echo "make lint   ruff"
+
+# The two venvs are independent and pip installs on one core: built side by side (make -j2) on 2 cores.
+venvs:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target venv engine
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
@@ -38,12 +42,15 @@ system:
 services: system venv
 	@bash tests/services/start.sh
 
-demo: venv engine
+demo: venvs
 	$(VENV)/bin/specgauge demo
 
-# PYTEST_ARGS: extra pytest arguments, e.g. `make test PYTEST_ARGS="--junitxml=var/junit.xml"` (tests/README.md)
-test: venv engine services
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+# Two pytest-xdist workers: one runs the engine, SLURM and timing tests in order, the other the rest meanwhile
+# (tests/conftest.py). PYTEST_WORKERS=0: one process. PYTEST_ARGS: extra pytest arguments, e.g.
+# `make test PYTEST_ARGS="--junitxml=var/junit.xml"` (tests/README.md).
+PYTEST_WORKERS ?= 2
+test: venvs services
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

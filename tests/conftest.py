@@ -1,7 +1,11 @@
 """Shared fixtures (tests/README.md). The embedded engine is expensive to start (one to two minutes on 2
 cores), so the session starts as few as it can: one campaign (`demo_campaign`, on the tests' own spec) whose
 results several files read, and one engine per variant (`engines`) for every test that only needs one
-running; the campaign's tests run first, while no pool engine is up, and tests that stop the pool last."""
+running; the campaign's tests run first, while no pool engine is up, and tests that stop the pool last.
+
+`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): one takes the group "serial" (every
+test on the machine's one engine slot, the SLURM node or the sshd, and the `timing` tests), in the order
+below; the other runs everything else meanwhile. Plain `pytest` runs the same order in one process."""
 
 from __future__ import annotations
 
@@ -28,20 +32,42 @@ CAMPAIGN_SPEC = REPO / "tests" / "data" / "specs" / "campaign.yaml"
 POOL_TEST_TIMEOUT_S = 900
 
 
+# Fixtures on the machine's one engine slot (the engine lock is held by one session, or worker, at a time).
+ENGINE_SLOT_FIXTURES = {"engine_lock", "engines"}
+
+
+def runs_serially(item: pytest.Item) -> bool:
+    """On the serial worker: what needs the engine slot, the SLURM node or the sshd (one of each on this
+    machine), and the `timing` tests (millisecond assertions that want the cores to themselves)."""
+    names = set(getattr(item, "fixturenames", ()))
+    markers = ("engine", "slurm", "timing")
+    return bool(names & ENGINE_SLOT_FIXTURES) or any(item.get_closest_marker(m) for m in markers)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine starts are the suite's cost, so order by what a test needs: first the tests that read the
     session's campaign (it runs with no pool engine up), then the rest in file order (the pool starts each
-    variant at its first use and keeps it), last the tests that stop the pool to start engines of their own.
-    Tests of the pool get the time an engine start may take, unless they set their own timeout."""
+    variant at its first use and keeps it), then the tests that stop the pool to start engines of their own,
+    last the `timing` tests without an engine (by then the other worker has long finished: its share took
+    about a third as long as the serial one's). Tests of the pool get the time an engine start may take,
+    unless they set their own timeout."""
 
     def rank(item: pytest.Item) -> int:
         names = getattr(item, "fixturenames", ())
-        return 0 if "demo_campaign" in names else 2 if "no_idle_engines" in names else 1
+        if "demo_campaign" in names:
+            return 0
+        if "no_idle_engines" in names:
+            return 2
+        if item.get_closest_marker("timing") and "engines" not in names:
+            return 3
+        return 1
 
     items.sort(key=rank)  # stable: file order within each rank
     for item in items:
         if "engines" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(POOL_TEST_TIMEOUT_S))
+        if runs_serially(item):
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -346,7 +346,12 @@ def observations_path(config: pytest.Config) -> Path:
     configured = os.environ.get(OBSERVATIONS_ENV)
     if configured:
         return Path(configured)
-    return Path(config._tmp_path_factory.getbasetemp()) / "reliability-observations.jsonl"  # type: ignore[attr-defined]
+    base = Path(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+    if os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    ):  # each worker's basetemp is a folder of the run's: one file for all
+        base = base.parent
+    return base / "reliability-observations.jsonl"
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from tasks.load.client import StreamingClient, render_completion_prompt
 from tasks.load.records import RequestRecord, records_frame
 from workloads.schema import Prompt
 
+pytestmark = pytest.mark.timing  # millisecond assertions: see tests/conftest.py
+
 MODEL = "emulated"
 
 

@@ -17,6 +17,8 @@ from emulator import EmulatorConfig, EmulatorThread
 from emulator.config import config_from_args
 from emulator.launch import config_args
 
+pytestmark = pytest.mark.timing  # millisecond assertions: see tests/conftest.py
+
 MODEL = "emulated"
 
 

@@ -14,7 +14,10 @@ import uvloop
 
 from tasks.load.kernel_clock import StampedReader
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's"),
+    pytest.mark.timing,  # microsecond assertions: see tests/conftest.py
+]
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

@@ -14,6 +14,8 @@ from tasks.load.client import StreamingClient
 from tasks.load.runner import LoadPlan, LoadResult, arrival_schedule, run_load
 from workloads.schema import Prompt
 
+pytestmark = pytest.mark.timing  # millisecond assertions: see tests/conftest.py
+
 MODEL = "emulated"
 PROMPTS = [
     Prompt(

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stand_ins.cluster import ENGINE_PYTHON, REPO, ensure_services, live_job_ids, ssh_config
+from stand_ins.cluster import (
+    CPU_ENGINE_ARGS,
+    CPU_ENGINE_ENV,
+    ENGINE_PYTHON,
+    REPO,
+    ensure_services,
+    live_job_ids,
+    ssh_config,
+)
 
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, SlurmLaunchSpec, TargetSpec, Variant, parse_spec
@@ -30,6 +38,7 @@ from tasks.launch.slurm_script import add_mounts, render_prefix, render_script
 SLEEPER = "bash -c 'exec sleep 600' sleeper"  # a job that runs until cancelled, ignoring the engine's args
 ENGINE = f"{ENGINE_PYTHON} -m vllm.entrypoints.openai.api_server"
 TARGET = TargetSpec(model=str(REPO / "models" / "tiny-target"), served_model_name="tiny", max_model_len=1024)
+ENGINE_TARGET = TARGET.model_copy(update={"extra_args": CPU_ENGINE_ARGS, "env": CPU_ENGINE_ENV})
 PLAIN = Variant(name="plain")
 
 
@@ -158,7 +167,9 @@ def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
     from workloads.schema import load_corpus
 
     slurm = launcher(tmp_path, ENGINE)
-    deployment = slurm.launch(TARGET, PLAIN, deployment_id="slurmtest.plain.r0", directory=tmp_path / "dep")
+    deployment = slurm.launch(
+        ENGINE_TARGET, PLAIN, deployment_id="slurmtest.plain.r0", directory=tmp_path / "dep"
+    )
     try:
         assert deployment.job_id and deployment.job_id in live_job_ids()
         assert deployment.base_url.startswith("http://127.0.0.1:")  # the tunnel, not the node's port
@@ -194,6 +205,9 @@ def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
     saved = json.loads((tmp_path / "dep" / "deployment.json").read_text())
     assert saved["teardown"].startswith(f"cancelled job {deployment.job_id}") and saved["status"] == "stopped"
     assert "KV cache size" in (tmp_path / "dep" / "engine.log").read_text()  # the job log, copied home
+    assert (
+        "--enforce-eager" in (tmp_path / "dep" / "job.sbatch").read_text()
+    )  # the CPU engine settings reached it
 
 
 @pytest.mark.slurm

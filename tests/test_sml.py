@@ -10,7 +10,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stand_ins.cluster import ENGINE_PYTHON, REPO, STAND_INS, ensure_services, live_job_ids, ssh_config
+from stand_ins.cluster import (
+    CPU_ENGINE_ARGS,
+    CPU_ENGINE_ENV,
+    ENGINE_PYTHON,
+    REPO,
+    STAND_INS,
+    ensure_services,
+    live_job_ids,
+    ssh_config,
+)
 
 from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
@@ -133,6 +142,7 @@ def sml_launcher(
             "SML_STANDIN_ENGINE": engine,
             "SML_STANDIN_PORT": str(port),
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            **CPU_ENGINE_ENV,  # the job inherits sml's environment
         },
         port=port,
         poll_s=0.5,
@@ -148,7 +158,10 @@ def test_current_sml_serves_the_engine_gated_through_the_tunnel(
     engine_lock: None, no_leftover_jobs: None, tmp_path: Path
 ) -> None:
     sml = sml_launcher(tmp_path, "current", engine=f"{ENGINE_PYTHON} -m vllm.entrypoints.openai.api_server")
-    deployment = sml.launch(TARGET, NGRAM, deployment_id="smltest.ngram.r0", directory=tmp_path / "dep")
+    engine_target = TARGET.model_copy(update={"extra_args": CPU_ENGINE_ARGS})
+    deployment = sml.launch(
+        engine_target, NGRAM, deployment_id="smltest.ngram.r0", directory=tmp_path / "dep"
+    )
     try:
         user, org, name = deployment.served_model_name.split("/")  # parsed from `Served model name:`
         assert (user, org) == (ssh_config().user, "specgauge") and name.startswith("tiny-ngram-k3-")

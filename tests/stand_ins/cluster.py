@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.launch.local import UNIPROCESS, uniprocess_env
 from tasks.launch.ssh import SSHConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +22,13 @@ SSHD_DIR = Path(os.environ.get("SPECGAUGE_SSHD_DIR", "/var/tmp/specgauge-sshd"))
 SSHD_PORT = int(os.environ.get("SPECGAUGE_SSHD_PORT", "2222"))
 SLURM_CONF = SLURM_DIR / "slurm.conf"
 ENGINE_PYTHON = REPO / ".engine-venv" / "bin" / "python"
+
+# How the test cluster's jobs run the embedded engine. The job tests check the path (submit, tunnel, gate,
+# cell, teardown), not step times, so the engine skips compiling: on the CPU vLLM's compile cache never loads
+# back, and the compile took 54-56 s of each job's start in CI (2026-12-01). Its worker runs in the engine
+# core's process, as the local launcher runs it (`uniprocess_env`; docs/performance.md "Engine start").
+CPU_ENGINE_ARGS = ("--enforce-eager", *UNIPROCESS)
+CPU_ENGINE_ENV = uniprocess_env(list(UNIPROCESS))
 
 
 def _status(service: str) -> bool:
