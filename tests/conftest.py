@@ -44,6 +44,8 @@ def runs_serially(item: pytest.Item) -> bool:
     return bool(names & ENGINE_SLOT_FIXTURES) or any(item.get_closest_marker(m) for m in markers)
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own hook, registered after this file.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine starts are the suite's cost, so order by what a test needs: first the tests that read the
     session's campaign (it runs with no pool engine up), then the rest in file order (the pool starts each
