@@ -362,7 +362,8 @@ def observe(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
 
     def record(row: str, **fields: Any) -> dict[str, Any]:
         assert row in ROWS, f"unknown row {row!r}: add it to ROWS"
-        entry = {"row": row, "test": request.node.nodeid, **fields}
+        test = request.node.nodeid.removesuffix("@serial")  # pytest-xdist's group suffix (conftest.py)
+        entry = {"row": row, "test": test, **fields}
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as fh:
             fh.write(json.dumps(entry, default=str) + "\n")
@@ -445,7 +446,7 @@ def _junit_outcomes(junits: list[Path]) -> dict[str, str]:
     ]
     for case in cases:
         module = case.get("classname", "").replace(".", "/") + ".py"
-        name = case.get("name", "").split("[")[0]
+        name = case.get("name", "").removesuffix("@serial").split("[")[0]  # xdist's group (conftest.py)
         outcome = "passed"
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"

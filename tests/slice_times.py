@@ -33,7 +33,8 @@ def junit_times(report: Path) -> dict[str, float]:
     times: dict[str, float] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
-        times[f"{module}.py::{case.get('name')}"] = float(case.get("time") or 0.0)
+        name = (case.get("name") or "").removesuffix("@serial")  # pytest-xdist's group suffix (conftest.py)
+        times[f"{module}.py::{name}"] = float(case.get("time") or 0.0)
     return times
 
 
@@ -56,7 +57,7 @@ def serial_ids() -> set[str]:
         "    def pytest_collection_finish(self, session):\n"
         "        for item in session.items:\n"
         "            if item.get_closest_marker('xdist_group'):\n"
-        "                print('SERIAL', item.nodeid)\n"
+        "                print('SERIAL', item.nodeid.removesuffix('@serial'))\n"
         "pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider'], plugins=[P()])\n"
     )
     out = subprocess.run(
