@@ -181,13 +181,35 @@ class LoadSpec(Strict):
     concurrencies: tuple[Annotated[int, Field(gt=0)], ...] = ()
     rates: tuple[Annotated[float, Field(gt=0)], ...] = Field(default=(), description="Open loop, requests/s.")
     arrival: Literal["poisson", "constant"] = "poisson"
-    requests: int = Field(default=16, gt=0, description="Measured requests per cell.")
-    warmup: int = Field(default=2, ge=0, description="Warm-up requests per cell, excluded.")
+    # The reference protocol: enough requests that every slot turns over several times at each load, and a
+    # warm-up that fills every slot once. A spec's value holds at every load.
+    requests: int | None = Field(
+        default=None,
+        gt=0,
+        description="Measured requests per cell; default max(32, 4 x C) in closed loop, 32 in open loop.",
+    )
+    warmup: int | None = Field(
+        default=None,
+        ge=0,
+        description="Warm-up requests per cell, excluded; default C in closed loop, 2 in open loop.",
+    )
     time_cap_s: float = Field(default=600.0, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
     # Each /metrics scrape stalls vLLM's API server briefly (benchmarks/gauge_observer_effect.py): sample
     # sparingly, so the gauges do not disturb the latencies they accompany.
     gauge_interval_s: float = Field(default=2.0, gt=0, description="Seconds between gauge scrapes.")
+
+    def requests_at(self, concurrency: int | None) -> int:
+        """Measured requests of a cell at this concurrency (None: an open-loop cell)."""
+        if self.requests is not None:
+            return self.requests
+        return max(32, 4 * concurrency) if concurrency is not None else 32
+
+    def warmup_at(self, concurrency: int | None) -> int:
+        """Warm-up requests of a cell at this concurrency (None: an open-loop cell)."""
+        if self.warmup is not None:
+            return self.warmup
+        return concurrency if concurrency is not None else 2
 
     @model_validator(mode="after")
     def some_load(self) -> LoadSpec:
@@ -367,6 +389,27 @@ LaunchSpec = Annotated[
 ]
 
 
+def expand_depths(variants: Any) -> tuple[Any, list[int]]:
+    """A variant whose `k` is a list becomes one variant per depth, named `<name>-k<k>` (a depth sweep in
+    one campaign); returns the variants and, for each, the index of the spec entry it came from."""
+    if not isinstance(variants, list | tuple):
+        return variants, []
+    out: list[Any] = []
+    origin: list[int] = []
+    for index, item in enumerate(variants):
+        depths = item.get("k") if isinstance(item, dict) else None
+        if not isinstance(depths, list | tuple):
+            out.append(item)
+            origin.append(index)
+            continue
+        if not depths:
+            raise ValueError(f"entry {index}: k is an empty list (give one depth, or a list of depths)")
+        for k in depths:
+            out.append({**item, "name": f"{item.get('name')}-k{k}", "k": k})
+            origin.append(index)
+    return out, origin
+
+
 class ExperimentSpec(Strict):
     name: str
     description: str = ""
@@ -388,6 +431,11 @@ class ExperimentSpec(Strict):
     @classmethod
     def safe(cls, value: str) -> str:
         return _safe_name(value, "experiment name")
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def depth_axes(cls, value: Any) -> Any:
+        return expand_depths(value)[0]
 
     @model_validator(mode="after")
     def unique_and_baselined(self) -> ExperimentSpec:
@@ -486,10 +534,17 @@ def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | N
         return ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
+        try:
+            _, origin = expand_depths(data.get("variants"))
+        except ValueError:
+            origin = []
         problems = []
         for err in errors:
             if _knock_on(err, errors):
                 continue
+            loc = err["loc"]
+            if len(loc) > 1 and loc[0] == "variants" and isinstance(loc[1], int) and loc[1] < len(origin):
+                err["loc"] = ("variants", origin[loc[1]], *loc[2:])  # the entry as written (a depth list)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check its spelling)"

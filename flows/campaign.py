@@ -91,7 +91,9 @@ def cell_task(
     directory: Path,
 ) -> CellOutcome:
     reporter = progress.current()
-    reporter.cell_started(cell.cell_id, spec.load.requests + spec.load.warmup)
+    reporter.cell_started(
+        cell.cell_id, spec.load.requests_at(cell.concurrency) + spec.load.warmup_at(cell.concurrency)
+    )
     outcome = run_cell(
         deployment,
         cell,

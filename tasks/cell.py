@@ -50,8 +50,8 @@ def load_plan(cell: CellPlan, load: LoadSpec, seed: int) -> LoadPlan:
         concurrency=cell.concurrency,
         rate=cell.rate,
         arrival=load.arrival,
-        requests=load.requests,
-        warmup=load.warmup,
+        requests=load.requests_at(cell.concurrency),
+        warmup=load.warmup_at(cell.concurrency),
         time_cap_s=load.time_cap_s,
         seed=seed,
     )
@@ -301,8 +301,8 @@ def run_cell(
                 "concurrency": cell.concurrency,
                 "rate": cell.rate,
                 "arrival": load.arrival,
-                "requests": load.requests,
-                "warmup": load.warmup,
+                "requests": load.requests_at(cell.concurrency),  # this cell's own counts
+                "warmup": load.warmup_at(cell.concurrency),
                 "time_cap_s": load.time_cap_s,
                 "request_timeout_s": load.request_timeout_s,
                 "seed": seed,

@@ -170,3 +170,67 @@ def test_the_tests_campaign_is_the_demo_cut_down() -> None:
     (workload,) = tests_spec.workloads
     assert {"code", "summarization"} <= set(workload.strata or ())  # the acceptance floors' strata
     assert len(tests_spec.load.concurrencies) >= 2  # crossover and capacity need two loads
+
+
+# -- axes: depths and load-scaled request counts (issue 17) -------------------------------------------------
+def test_a_list_of_depths_expands_into_one_variant_per_k(tmp_path: Path) -> None:
+    from experiments.plan import plan_campaign
+
+    data = demo()
+    draft = next(v for v in data["variants"] if v["name"] == "draft-k3")
+    data["variants"] = [v for v in data["variants"] if v["name"] != "draft-k3"]
+    data["variants"].append({**draft, "name": "draft", "k": [1, 2, 5]})
+    data.pop("profile", None)
+    spec = parse_spec(data)
+    drafts = [v for v in spec.variants if v.method == "draft_model"]
+    assert [(v.name, v.k) for v in drafts] == [("draft-k1", 1), ("draft-k2", 2), ("draft-k5", 5)]
+    assert [v.speculative_config()["num_speculative_tokens"] for v in drafts] == [1, 2, 5]
+    plan = plan_campaign(spec)
+    launched = {d.variant.name for d in plan.deployments if d.role == "arm"}
+    assert {"draft-k1", "draft-k2", "draft-k5", "plain"} <= launched
+    assert plan.gate is not None and {t for t, _ in plan.gate.treatments} >= {
+        "draft-k1",
+        "draft-k2",
+        "draft-k5",
+    }
+
+
+def test_a_bad_depth_in_a_list_names_the_entry_and_line(tmp_path: Path) -> None:
+    spec_file = tmp_path / "depths.yaml"
+    data = demo()
+    data["variants"].append({"name": "ng", "method": "ngram", "k": [2, 0]})
+    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    lines = spec_file.read_text().splitlines()
+    entry_line = next(i for i, line in enumerate(lines, 1) if line.strip() in ("name: ng", "- name: ng"))
+    with pytest.raises(SpecError) as bad:
+        load_spec(spec_file)
+    message = str(bad.value)
+    index = len(data["variants"]) - 1
+    assert f"variants[{index}]" in message and "needs k (num_speculative_tokens) > 0, got 0" in message
+    assert message.startswith(f"{spec_file}:{entry_line}: "), message  # the entry as written
+    data["variants"][-1]["k"] = []
+    with pytest.raises(SpecError, match=r"variants: entry \d+: k is an empty list"):
+        parse_spec(data)
+
+
+def test_request_counts_scale_with_load_unless_the_spec_fixes_them() -> None:
+    from experiments.spec import LoadSpec
+
+    scaled = LoadSpec(concurrencies=(1, 4, 16), rates=(2.0,))
+    assert [scaled.requests_at(c) for c in (1, 4, 16, None)] == [32, 32, 64, 32]
+    assert [scaled.warmup_at(c) for c in (1, 4, 16, None)] == [1, 4, 16, 2]
+    fixed = LoadSpec(concurrencies=(1, 16), requests=8, warmup=0)
+    assert [fixed.requests_at(c) for c in (1, 16, None)] == [8, 8, 8]
+    assert [fixed.warmup_at(c) for c in (1, 16, None)] == [0, 0, 0]
+
+
+def test_each_cell_runs_and_records_its_own_request_count() -> None:
+    from experiments.plan import CellPlan
+    from experiments.spec import LoadSpec
+    from tasks.cell import load_plan
+
+    load = LoadSpec(concurrencies=(2, 16))
+    plans = [
+        load_plan(CellPlan(f"p.r0.code.c{c}", "code", "closed", c, None, "w.jsonl"), load, 0) for c in (2, 16)
+    ]
+    assert [(p.requests, p.warmup) for p in plans] == [(32, 2), (64, 16)]

@@ -434,8 +434,9 @@ class RawBuilder:
         digest = hashlib.sha256(f"{self.seed}/{final.name}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:4], "little"))
         load = self.spec.load
-        n_measured = load.requests if n_measured is None else n_measured
-        requests = self.requests_frame(variant, cell.workload, n_measured, load.warmup, rng, failed_requests)
+        n_measured = load.requests_at(cell.concurrency) if n_measured is None else n_measured
+        warmup = load.warmup_at(cell.concurrency)
+        requests = self.requests_frame(variant, cell.workload, n_measured, warmup, rng, failed_requests)
         n_gauges = 8
         gauges = pl.DataFrame(
             {
@@ -473,7 +474,7 @@ class RawBuilder:
                 "rate": cell.rate,
                 "arrival": load.arrival,
                 "requests": n_measured,
-                "warmup": load.warmup,
+                "warmup": warmup,
                 "time_cap_s": load.time_cap_s,
                 "request_timeout_s": load.request_timeout_s,
                 "seed": self.spec.seed,

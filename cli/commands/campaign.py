@@ -6,13 +6,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from specgauge.settings import REPO_ROOT
+
+if TYPE_CHECKING:
+    from experiments.plan import CampaignPlan
+    from experiments.spec import ExperimentSpec
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 DEMO_SPEC = "experiments/demo.yaml"
@@ -68,6 +72,40 @@ def headline_table(title: str, rows: list[dict]) -> Table:
     return table
 
 
+def plan_summary(plan: CampaignPlan, spec: ExperimentSpec) -> list[str]:
+    """The plan's size and its time estimate, in lines for the terminal."""
+    from experiments.estimate import estimate_seconds, history_from, plan_size
+    from warehouse.db import reader
+    from warehouse.errors import WarehouseMissing
+
+    size = plan_size(plan, spec)
+    variants = ", ".join(v.name for v in spec.variants)
+    lines = [
+        f"variants ({len(spec.variants)}): {variants}",
+        f"launches: {size.launches} ({size.arm_launches} measured, {size.control_launches} plain controls, "
+        f"{size.profiled_launches} profiled)",
+        f"cells: {size.cells}, requests: {size.requests} measured + {size.warmup} warm-up; "
+        f"captures: {size.captures} ({size.capture_prompts} prompts)",
+    ]
+    kind = spec.launcher.kind
+    try:
+        with reader() as con:
+            history = history_from(con, kind)
+    except WarehouseMissing:
+        lines.append(f"estimated time: unknown (no warehouse yet: run a campaign on launcher {kind!r} first)")
+        return lines
+    seconds = estimate_seconds(plan, spec, history)
+    if seconds is None:
+        lines.append(f"estimated time: unknown (the warehouse has no past run on launcher {kind!r})")
+    else:
+        lines.append(
+            f"estimated time: about {seconds / 60:.0f} min (from the warehouse: {history.launches} past "
+            f"launches on {kind!r}, median start {history.start_s:.0f} s; {history.cells} cells at "
+            f"concurrency {', '.join(str(c) for c in sorted(history.request_s))})"
+        )
+    return lines
+
+
 def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, analyze: bool) -> dict:
     from experiments.plan import plan_campaign, resolve_repo_path
     from experiments.spec import load_spec
@@ -110,12 +148,16 @@ def register(app: typer.Typer) -> None:
         spec: Annotated[str, typer.Argument(help="Experiment spec (YAML).")],
         label: Annotated[str | None, typer.Option(help="Run label (a new campaign id).")] = None,
     ) -> None:
-        """Show what a spec would launch and measure, without running anything."""
+        """Show what a spec would launch and measure, and about how long it would take (from the
+        warehouse's past runs on the same launcher), without running anything."""
         from experiments.plan import plan_campaign, resolve_repo_path
         from experiments.spec import load_spec
 
-        plan = plan_campaign(load_spec(resolve_repo_path(spec)), label)
+        experiment = load_spec(resolve_repo_path(spec))
+        plan = plan_campaign(experiment, label)
         console.print(f"campaign id: {plan.campaign_id}", markup=False)
+        for line in plan_summary(plan, experiment):
+            console.print(line, markup=False)
         for repeat, order in enumerate(plan.orders):
             console.print(f"repeat {repeat}: variant order {', '.join(order)}", markup=False)
         for d in plan.deployments:

@@ -78,8 +78,8 @@ class LoadPlan:
             concurrency=concurrency,
             rate=rate,
             arrival=load.arrival,
-            requests=load.requests,
-            warmup=load.warmup,
+            requests=load.requests_at(concurrency),
+            warmup=load.warmup_at(concurrency),
             time_cap_s=load.time_cap_s,
             seed=seed,
         )
