@@ -88,6 +88,12 @@ class Variant(Strict):
     prompt_lookup_min: int | None = Field(default=None, gt=0)
     prompt_lookup_max: int | None = Field(default=None, gt=0)
     eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
+    k_schedule: tuple[tuple[int, int, int], ...] | None = Field(
+        default=None,
+        description="Depth by batch size (vLLM's num_speculative_tokens_per_batch_size): inclusive "
+        "[batch_from, batch_to, k] ranges from batch size 1, k 0 = off; `k` is the most it drafts. "
+        "`specgauge recommend` writes one.",
+    )
     extra_args: tuple[str, ...] = ()
 
     @field_validator("name")
@@ -107,6 +113,7 @@ class Variant(Strict):
                     "prompt_lookup_min",
                     "prompt_lookup_max",
                     "eagle_head",
+                    "k_schedule",
                 )
                 if getattr(self, f) is not None
             ]
@@ -138,6 +145,8 @@ class Variant(Strict):
             lo, hi = self.prompt_lookup_min or 1, self.prompt_lookup_max or 4
             if lo > hi:
                 raise ValueError(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
+        if self.k_schedule is not None:
+            check_k_schedule(self.k_schedule, self.k)
         return self
 
     @property
@@ -165,7 +174,27 @@ class Variant(Strict):
             config["model"] = self.drafter
         if self.draft_tensor_parallel_size:
             config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
+        if self.k_schedule is not None:
+            config["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.k_schedule]
         return config
+
+
+def check_k_schedule(schedule: tuple[tuple[int, int, int], ...], k: int) -> None:
+    """vLLM 0.32's rules for a depth schedule (vllm/v1/spec_decode/dynamic/utils.py), checked before a launch:
+    ranges from batch size 1, sorted, not overlapping, depths 0..k."""
+    if not schedule:
+        raise ValueError("k_schedule: give at least one [batch_from, batch_to, k] range")
+    previous_end = 0
+    for start, end, depth in schedule:
+        if start <= 0 or end < start:
+            raise ValueError(f"k_schedule: range [{start}, {end}] must be positive with from <= to")
+        if start <= previous_end:
+            raise ValueError("k_schedule: ranges must be sorted and must not overlap")
+        if not 0 <= depth <= k:
+            raise ValueError(f"k_schedule: depth {depth} must be between 0 (off) and k ({k})")
+        previous_end = end
+    if schedule[0][0] != 1:
+        raise ValueError("k_schedule: the first range must start at batch size 1")
 
 
 class WorkloadRef(Strict):

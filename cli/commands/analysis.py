@@ -129,3 +129,53 @@ def register(app: typer.Typer) -> None:
             _print_summary(result)
             path = result.report
         typer.echo(str(path))
+
+    @app.command("recommend")
+    def recommend_cmd(
+        campaign_id: Annotated[
+            str | None,
+            typer.Argument(help="Campaign to recommend from. Default: the latest campaign in the warehouse."),
+        ] = None,
+        db: DbOption = None,
+        workload: Annotated[str | None, typer.Option(help="Only this workload (stratum).")] = None,
+        max_batch: Annotated[
+            int, typer.Option(help="The deployment's max_num_seqs: the last range runs to it.", min=1)
+        ] = 256,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the recommendations as JSON.")] = False,
+    ) -> None:
+        """Which depth to run at which load: per drafter and workload, a per-batch-size k schedule from the
+        campaign's closed-loop throughput speedups (k 0 = off where speculation stops paying), printed with the
+        evidence behind each range and as a ready --speculative-config JSON (vLLM's
+        num_speculative_tokens_per_batch_size). Exit 1 when the campaign has nothing to recommend from."""
+        import json
+
+        from analysis.data import load_campaign
+        from analysis.recommend import recommend
+        from warehouse.db import reader
+
+        with reader(db, on_wait=say_waiting) as con:
+            data = load_campaign(con, campaign_id)
+        found = [r for r in recommend(data, max_batch=max_batch) if workload in (None, r.workload)]
+        if as_json:
+            typer.echo(json.dumps([r.as_dict() for r in found], indent=2))
+        for r in [] if as_json else found:
+            table = Table(title=f"{r.family} on {r.workload} ({data.campaign_id})", title_justify="left")
+            for column in ("C", "best k", "speedup", "runner-up", "edge over it", "run k"):
+                table.add_column(column)
+            for c in r.choices:
+                edge = "–" if c.edge is None else f"{c.edge:.3g} ({c.edge_interval})"
+                runner = "–" if c.runner_up_k is None else f"k={c.runner_up_k}"
+                run = "off" if c.k == 0 else str(c.k)
+                speedup = f"{c.speedup:.3g} ({c.speedup_interval})"
+                table.add_row(str(c.concurrency), str(c.best_k), speedup, runner, edge, run)
+            console.print(table)
+            console.print(f"schedule [batch_from, batch_to, k]: {r.schedule}", markup=False)
+            for note in r.caveats:
+                console.print(f"  caveat: {note}", markup=False)
+            if r.config is None:
+                console.print("speculative config: none (speculation does not pay at any measured load)")
+            else:
+                console.print(f"--speculative-config '{json.dumps(r.config)}'", markup=False)
+        if not found:
+            console.print(f"nothing to recommend from in {data.campaign_id}: no closed-loop speedups")
+            raise typer.Exit(1)

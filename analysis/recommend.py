@@ -1,0 +1,204 @@
+"""Which speculation config to deploy, at which load: a per-batch-size depth schedule from a campaign's
+speedup surface, as vLLM's `--speculative-config` (its dynamic speculative decoding:
+`num_speculative_tokens_per_batch_size`, a list of inclusive `[batch_from, batch_to, k]` ranges, k = 0 for
+"off"; vllm/v1/spec_decode/dynamic/utils.py validates it).
+
+For one drafter (a method and its checkpoint, measured at one or more depths) and one workload, at each
+closed-loop concurrency C of the campaign (under a closed loop the running batch is C):
+  - the best depth is the one with the highest mean throughput speedup over plain (paired per repeat, as Q1);
+  - its edge over the runner-up depth is the mean of the per-repeat ratios best/runner-up (both paired with the
+    same plain cell of that repeat), with its bootstrap interval over repeats;
+  - speculation is off (k = 0) at C when even the best depth's speedup is below 1.
+Between two measured loads the boundary is their geometric mean; the last range runs to `max_batch`.
+Nothing is recommended without its evidence: every range carries the speedup and edge it rests on, and
+`caveats` says where the evidence is thin (one load, one repeat, intervals that do not separate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from analysis.data import AnalysisSettings, CampaignData
+from analysis.speedup import gain, speedup_table
+from analysis.stats import has_interval, interval_label, mean_interval
+from experiments.spec import Variant
+
+MAX_BATCH = 256  # vLLM's default max_num_seqs: the last range runs to it
+
+
+@dataclass(frozen=True)
+class LoadChoice:
+    """The depth chosen at one concurrency, and the evidence for it."""
+
+    concurrency: int
+    k: int  # 0: speculation off at this load
+    best_k: int  # the best measured depth (k is 0 when even it is below 1)
+    speedup: float  # best depth's throughput speedup over plain
+    speedup_interval: str
+    runner_up_k: int | None
+    edge: float | None  # best / runner-up, mean of per-repeat ratios
+    edge_low: float | None
+    edge_high: float | None
+    edge_interval: str
+    separated: bool | None  # the edge's interval excludes 1 (None: no interval)
+
+
+@dataclass
+class Recommendation:
+    family: str  # e.g. "draft_model models/tiny-draft"
+    method: str
+    workload: str
+    choices: list[LoadChoice]
+    schedule: list[list[int]]  # [[batch_from, batch_to, k], ...]
+    config: dict[str, Any] | None  # --speculative-config; None: speculation off at every load
+    caveats: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "method": self.method,
+            "workload": self.workload,
+            "schedule": self.schedule,
+            "speculative_config": self.config,
+            "evidence": [choice.__dict__ for choice in self.choices],
+            "caveats": self.caveats,
+        }
+
+
+def boundaries(loads: list[int], max_batch: int = MAX_BATCH) -> list[tuple[int, int]]:
+    """Inclusive batch-size ranges, one per measured load (sorted), split at geometric means."""
+    ranges = []
+    start = 1
+    for i, load in enumerate(loads):
+        end = max_batch if i == len(loads) - 1 else max(load, math.floor(math.sqrt(load * loads[i + 1])))
+        ranges.append((start, max(start, end)))
+        start = max(start, end) + 1
+    return ranges
+
+
+def schedule_of(choices: list[LoadChoice], max_batch: int = MAX_BATCH) -> list[list[int]]:
+    """vLLM's schedule: the choices' ranges, neighbours with the same depth merged."""
+    out: list[list[int]] = []
+    ranges = boundaries([c.concurrency for c in choices], max_batch)
+    for (start, end), choice in zip(ranges, choices, strict=True):
+        if out and out[-1][2] == choice.k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, choice.k])
+    return out
+
+
+def _edge(best: dict[str, Any], runner: dict[str, Any], settings: AnalysisSettings) -> tuple:
+    by_repeat = dict(zip(runner["repeats"], runner["per_repeat"], strict=True))
+    ratios = [
+        b / by_repeat[r] for r, b in zip(best["repeats"], best["per_repeat"], strict=True) if r in by_repeat
+    ]
+    if not ratios:
+        return None, None, None, "no common repeat", None
+    interval = mean_interval(
+        ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
+    )
+    drawn = has_interval(interval)
+    return (
+        interval.estimate,
+        interval.low if drawn else None,
+        interval.high if drawn else None,
+        interval_label(interval),
+        interval.excludes(1.0) if drawn else None,
+    )
+
+
+def choose(rows: pl.DataFrame, settings: AnalysisSettings) -> list[LoadChoice]:
+    """One choice per concurrency from one family's throughput speedups at one workload (closed loop)."""
+    choices = []
+    for (concurrency,), group in rows.sort("concurrency").group_by(["concurrency"], maintain_order=True):
+        ranked = group.sort(["estimate", "k"], descending=[True, False]).to_dicts()
+        best = ranked[0]
+        runner = ranked[1] if len(ranked) > 1 else None
+        edge = _edge(best, runner, settings) if runner else (None, None, None, "one depth measured", None)
+        choices.append(
+            LoadChoice(
+                concurrency=int(concurrency),
+                k=int(best["k"]) if best["estimate"] >= 1.0 else 0,
+                best_k=int(best["k"]),
+                speedup=float(best["estimate"]),
+                speedup_interval=best["interval"],
+                runner_up_k=int(runner["k"]) if runner else None,
+                edge=edge[0],
+                edge_low=edge[1],
+                edge_high=edge[2],
+                edge_interval=edge[3],
+                separated=edge[4],
+            )
+        )
+    return choices
+
+
+def caveats_of(choices: list[LoadChoice]) -> list[str]:
+    notes = []
+    if len(choices) == 1:
+        notes.append(
+            f"one load measured (C={choices[0].concurrency}): the schedule holds that depth at every batch size"
+        )
+    for c in choices:
+        if c.edge is None and c.runner_up_k is None:
+            notes.append(f"C={c.concurrency}: one depth measured, nothing to compare it with")
+        elif c.separated is None:
+            notes.append(
+                f"C={c.concurrency}: {c.edge_interval}: k={c.best_k} over k={c.runner_up_k} is untested"
+            )
+        elif not c.separated:
+            notes.append(
+                f"C={c.concurrency}: k={c.best_k} and k={c.runner_up_k} are not separated "
+                f"(edge {c.edge:.3f}, {c.edge_interval})"
+            )
+        if c.k == 0:
+            notes.append(
+                f"C={c.concurrency}: speculation off (best depth k={c.best_k} at {c.speedup:.3f}x plain)"
+            )
+    return notes
+
+
+def _families(spec: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """variant name -> (family key, that variant's spec entry) for the speculative variants."""
+    out = {}
+    for entry in spec.get("variants") or []:
+        variant = Variant.model_validate(entry)
+        if variant.speculative:
+            family = " ".join(part for part in (variant.method, variant.drafter) if part)
+            out[variant.name] = (family, entry)
+    return out
+
+
+def recommend(
+    data: CampaignData, settings: AnalysisSettings | None = None, *, max_batch: int = MAX_BATCH
+) -> list[Recommendation]:
+    """A schedule per drafter family and workload, from the campaign's closed-loop throughput speedups."""
+    settings = settings or AnalysisSettings()
+    speedups = gain(speedup_table(data, settings), "throughput").filter(pl.col("load_mode") == "closed")
+    if speedups.is_empty():
+        return []
+    families = _families(data.spec)
+    speedups = speedups.filter(pl.col("variant").is_in(list(families))).with_columns(
+        pl.col("variant").replace_strict({v: f for v, (f, _) in families.items()}).alias("family")
+    )
+    out = []
+    for (family, workload), rows in speedups.group_by(["family", "workload"], maintain_order=True):
+        choices = choose(rows, settings)
+        schedule = schedule_of(choices, max_batch)
+        top = max(k for _, _, k in schedule)
+        config = None
+        if top > 0:
+            template = next(entry for v, (f, entry) in families.items() if f == family)
+            config = Variant.model_validate({**template, "k": top}).speculative_config() or {}
+            if len(schedule) > 1:
+                config["num_speculative_tokens_per_batch_size"] = schedule
+        method = str(rows["method"][0])
+        out.append(
+            Recommendation(str(family), method, str(workload), choices, schedule, config, caveats_of(choices))
+        )
+    return sorted(out, key=lambda r: (r.workload, r.family))

@@ -1,0 +1,137 @@
+"""The speculation-config recommender on a planted depth x load surface (three depths of one drafter at
+three loads, four repeats): the schedule it derives, its evidence and caveats, the CLI, and vLLM's own
+validation of the schedule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from analysis_fixtures import PlantedBuilder, planted_throughput_speedup, profile
+from typer.testing import CliRunner
+from warehouse_fixtures import make_spec
+
+from analysis.data import AnalysisSettings, load_campaign
+from analysis.recommend import boundaries, recommend, schedule_of
+from cli.app import app
+from experiments.spec import Variant
+from warehouse.db import reader
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE_PYTHON = REPO / ".engine-venv" / "bin" / "python"
+PLAIN_TPOT = 0.020
+# The draft model's TPOT speedup by concurrency and depth: deep drafting wins alone, k=2 wins at C=4, and at
+# C=16 every depth loses (speculation off).
+SURFACE = {1: {1: 1.3, 2: 1.6, 4: 2.0}, 4: {1: 1.2, 2: 1.35, 4: 1.05}, 16: {1: 0.9, 2: 0.8, 4: 0.6}}
+DRIFT = [1.00, 1.06, 0.96, 1.02]
+NOISE = [1.01, 0.99, 1.015, 0.985]
+FAST = AnalysisSettings(resamples=999)
+DRAFT = {"name": "draft", "method": "draft_model", "k": [1, 2, 4], "draft_model": "models/tiny-draft"}
+
+
+def build(root: Path, repeats: int = 4, concurrencies: tuple[int, ...] = (1, 4, 16)) -> Path:
+    def plant(variant: str, repeat: int, workload: str, load: str):
+        tpot = PLAIN_TPOT * DRIFT[repeat]
+        if variant == "plain":
+            return profile(tpot, None)
+        k = int(variant.rsplit("-k", 1)[1])
+        return profile(tpot / SURFACE[int(load[1:])][k] * NOISE[repeat], 0.5, tokens_per_chunk=1 + 0.5 * k)
+
+    spec = make_spec(
+        "surface",
+        repeats=repeats,
+        concurrencies=concurrencies,
+        requests=16,
+        variants=[{"name": "plain", "method": "none"}, DRAFT],
+    )
+    return PlantedBuilder(root / "raw", spec=spec, plant=plant).build(root / "w.duckdb")
+
+
+@pytest.fixture(scope="module")
+def surface_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("surface"))
+
+
+def recommendations(db: Path):
+    with reader(db) as con:
+        return recommend(load_campaign(con), FAST)
+
+
+def test_the_schedule_follows_the_best_depth_at_each_load_and_turns_off(surface_db: Path) -> None:
+    (rec,) = recommendations(surface_db)
+    assert (rec.family, rec.method, rec.workload) == ("draft_model models/tiny-draft", "draft_model", "chat")
+    assert [(c.concurrency, c.best_k, c.k) for c in rec.choices] == [(1, 4, 4), (4, 2, 2), (16, 1, 0)]
+    assert rec.schedule == [[1, 2, 4], [3, 8, 2], [9, 256, 0]]  # boundaries at sqrt(1*4), sqrt(4*16)
+    assert rec.config == {
+        "num_speculative_tokens": 4,
+        "method": "draft_model",
+        "model": "models/tiny-draft",
+        "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 2], [9, 256, 0]],
+    }
+    # The evidence: each best depth's planted throughput speedup, and its edge over the runner-up.
+    for c in rec.choices:
+        truth = planted_throughput_speedup(PLAIN_TPOT, SURFACE[c.concurrency][c.best_k])
+        assert c.speedup == pytest.approx(truth, rel=0.05), c
+        runner = planted_throughput_speedup(PLAIN_TPOT, SURFACE[c.concurrency][c.runner_up_k])
+        assert (
+            c.edge == pytest.approx(truth / runner, rel=0.05) and c.edge_low <= truth / runner <= c.edge_high
+        )
+        assert c.separated is True
+    assert any("C=16: speculation off" in note for note in rec.caveats)
+    Variant.model_validate({**DRAFT, "name": "rec", "k": 4, "k_schedule": rec.schedule})  # a spec takes it
+
+
+def test_thin_evidence_is_said_never_hidden(tmp_path: Path) -> None:
+    (single,) = recommendations(build(tmp_path / "one-repeat", repeats=1))
+    assert single.schedule == [[1, 2, 4], [3, 8, 2], [9, 256, 0]]
+    assert all(c.edge_low is None and c.separated is None for c in single.choices)
+    assert sum("untested" in note for note in single.caveats) == 3
+    (one_load,) = recommendations(build(tmp_path / "one-load", concurrencies=(4,)))
+    assert one_load.schedule == [[1, 256, 2]]
+    assert one_load.config is not None and "num_speculative_tokens_per_batch_size" not in one_load.config
+    assert one_load.config["num_speculative_tokens"] == 2
+    assert any(note.startswith("one load measured (C=4)") for note in one_load.caveats)
+
+
+def test_ranges_split_at_geometric_means_and_merge_equal_depths() -> None:
+    assert boundaries([1, 4, 16]) == [(1, 2), (3, 8), (9, 256)]
+    assert boundaries([2, 3], max_batch=64) == [(1, 2), (3, 64)]  # floor(sqrt(6)) = 2: at least the load
+    assert boundaries([8]) == [(1, 256)]
+
+    class C:  # the only fields schedule_of reads
+        def __init__(self, concurrency: int, k: int) -> None:
+            self.concurrency, self.k = concurrency, k
+
+    assert schedule_of([C(1, 3), C(4, 3), C(16, 0)]) == [[1, 8, 3], [9, 256, 0]]  # type: ignore[list-item]
+
+
+def test_cli_prints_the_evidence_and_json(surface_db: Path) -> None:
+    runner = CliRunner()
+    shown = runner.invoke(app, ["recommend", "--db", str(surface_db)])
+    assert shown.exit_code == 0, shown.output
+    assert "--speculative-config" in shown.output and "caveat: C=16: speculation off" in shown.output
+    as_json = runner.invoke(app, ["recommend", "--db", str(surface_db), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    (rec,) = json.loads(as_json.output)
+    assert rec["schedule"] == [[1, 2, 4], [3, 8, 2], [9, 256, 0]] and len(rec["evidence"]) == 3
+
+
+@pytest.mark.skipif(not ENGINE_PYTHON.exists(), reason="needs the engine venv (make engine)")
+def test_vllm_accepts_the_schedule(surface_db: Path) -> None:
+    """vLLM 0.32's own validator and dense lookup (the code its scheduler runs) on the recommended config."""
+    (rec,) = recommendations(surface_db)
+    probe = (
+        "import json, sys\n"
+        "from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup\n"
+        "config = json.loads(sys.argv[1])\n"
+        "lookup = build_dynamic_sd_schedule_lookup(\n"
+        "    config['num_speculative_tokens_per_batch_size'], 256, config['num_speculative_tokens'])\n"
+        "print(json.dumps([lookup[b] for b in (1, 2, 3, 8, 9, 256)]))\n"
+    )
+    done = subprocess.run(
+        [str(ENGINE_PYTHON), "-c", probe, json.dumps(rec.config)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [4, 4, 2, 2, 0, 0]
