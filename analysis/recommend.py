@@ -175,11 +175,17 @@ def _families(spec: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def recommend(
-    data: CampaignData, settings: AnalysisSettings | None = None, *, max_batch: int = MAX_BATCH
+    data: CampaignData,
+    settings: AnalysisSettings | None = None,
+    *,
+    speedups: pl.DataFrame | None = None,
+    max_batch: int = MAX_BATCH,
 ) -> list[Recommendation]:
-    """A schedule per drafter family and workload, from the campaign's closed-loop throughput speedups."""
+    """A schedule per drafter family and workload, from the campaign's closed-loop throughput speedups
+    (`speedups`: analysis.speedup.speedup_table's, when the caller has it already)."""
     settings = settings or AnalysisSettings()
-    speedups = gain(speedup_table(data, settings), "throughput").filter(pl.col("load_mode") == "closed")
+    table = speedup_table(data, settings) if speedups is None else speedups
+    speedups = gain(table, "throughput").filter(pl.col("load_mode") == "closed")
     if speedups.is_empty():
         return []
     families = _families(data.spec)

@@ -222,6 +222,59 @@ def _interval_col(header: str) -> Column:
     )
 
 
+def recommendation_section(recommendations: list) -> Section:
+    """Which depth at which load (analysis.recommend): per drafter and workload, the schedule, the evidence
+    behind each range and the --speculative-config to deploy."""
+    intro = (
+        '<p class="note">Per drafter and workload: at each closed-loop concurrency the depth with the highest '
+        "throughput speedup over plain, off (k 0) where even it is below 1, and its edge over the runner-up "
+        "depth (mean of per-repeat ratios, bootstrap interval over repeats). Batch-size boundaries sit at the "
+        "geometric mean of neighbouring loads. <code>specgauge recommend</code> prints the same.</p>"
+    )
+    if not recommendations:
+        return Section(
+            "recommend", "Which depth at which load", intro + '<p class="empty">no closed-loop speedups</p>'
+        )
+    body = [intro]
+    for r in recommendations:
+        rows = pl.DataFrame([c.__dict__ for c in r.choices])
+        body.append(f"<h3>{html.escape(r.family)} on {html.escape(r.workload)}</h3>")
+        body.append(
+            html_table(
+                rows,
+                [
+                    col("concurrency", "C"),
+                    col("best_k", "best k"),
+                    Column("speedup", lambda row: f"{row['speedup']:.3g} ({row['speedup_interval']})"),
+                    Column(
+                        "runner-up",
+                        lambda row: "–" if row["runner_up_k"] is None else f"k={row['runner_up_k']}",
+                    ),
+                    Column(
+                        "edge over it",
+                        lambda row: (
+                            "–"
+                            if row["edge"] is None
+                            else fmt_interval(
+                                row["edge"], row["edge_low"], row["edge_high"], row["edge_interval"]
+                            )
+                        ),
+                    ),
+                    Column("run", lambda row: "off" if row["k"] == 0 else f"k={row['k']}"),
+                ],
+            )
+        )
+        config = (
+            "none: speculation does not pay at any measured load"
+            if r.config is None
+            else json.dumps(r.config)
+        )
+        body.append(f"<p><b>--speculative-config</b> <code>{html.escape(config)}</code></p>")
+        if r.caveats:
+            body.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in r.caveats) + "</ul>")
+    return Section("recommend", "Which depth at which load", "".join(body))
+
+
 def campaign_sections(
     data, results, charts: dict[str, tuple[ChartFiles, dict[str, Any]]], analysis: dict[str, Any]
 ) -> list[Section]:
@@ -449,6 +502,8 @@ def campaign_sections(
             ),
         )
     )
+
+    sections.append(recommendation_section(results.recommendations))
 
     mode = "open" if has_rate_sweep(data) else "closed"
     sections.append(

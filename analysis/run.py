@@ -30,6 +30,7 @@ from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
 from analysis.decision import decide, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
+from analysis.recommend import Recommendation, recommend
 from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
@@ -62,6 +63,7 @@ class Results:
     per_position: pl.DataFrame
     step_points: pl.DataFrame
     notes: list[str] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)  # report only, not stored
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
@@ -84,6 +86,7 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
         crossover=crossover_table(speedup, settings),
         per_position=per_position(data),
         step_points=step_chart_points(data),
+        recommendations=recommend(data, settings, speedups=speedup),
     )
     results.notes = campaign_notes(data, results)
     return results

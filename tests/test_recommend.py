@@ -135,3 +135,14 @@ def test_vllm_accepts_the_schedule(surface_db: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [4, 4, 2, 2, 0, 0]
+
+
+def test_the_report_shows_the_recommendation(surface_db: Path, tmp_path: Path) -> None:
+    from analysis.run import analyze_campaign
+
+    result = analyze_campaign(None, surface_db, settings=FAST, reports_dir=tmp_path / "reports")
+    (rec,) = result.results.recommendations
+    page = Path(result.report).read_text()
+    assert "Which depth at which load" in page
+    assert json.dumps(rec.config).replace('"', "&quot;") in page  # the config to deploy, as printed
+    assert "speculation off" in page
