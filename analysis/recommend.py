@@ -208,3 +208,123 @@ def recommend(
             Recommendation(str(family), method, str(workload), choices, schedule, config, caveats_of(choices))
         )
     return sorted(out, key=lambda r: (r.workload, r.family))
+
+
+# -- verification: the recommended schedule launched beside plain and the best fixed depth --------------------
+RECOMMENDED = "recommended"
+
+
+def best_fixed_k(rec: Recommendation, data: CampaignData, settings: AnalysisSettings | None = None) -> int:
+    """The family's depth with the highest geometric-mean throughput speedup over the recommendation's loads."""
+    settings = settings or AnalysisSettings()
+    families = _families(data.spec)
+    rows = gain(speedup_table(data, settings), "throughput").filter(
+        (pl.col("load_mode") == "closed")
+        & (pl.col("workload") == rec.workload)
+        & pl.col("variant").is_in([v for v, (f, _) in families.items() if f == rec.family])
+    )
+    scores = (
+        rows.group_by("k").agg(pl.col("estimate").log().mean().alias("score")).sort("score", descending=True)
+    )
+    return int(scores["k"][0])
+
+
+def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -> dict[str, Any]:
+    """The campaign that checks a recommendation: plain, the best fixed depth and the recommended schedule,
+    launched the same way, on the recommendation's workload at the source campaign's closed-loop loads, with
+    the source's repeats, captures (the schedule must be lossless too) and launcher."""
+    if rec.config is None:
+        raise ValueError(f"{rec.family} on {rec.workload}: nothing to verify (speculation off at every load)")
+    families = _families(spec)
+    template = next(entry for _, (f, entry) in families.items() if f == rec.family)
+    top = int(rec.config["num_speculative_tokens"])
+    plain = next(v for v in spec["variants"] if v.get("method", "none") == "none")
+    schedule = rec.config.get("num_speculative_tokens_per_batch_size")
+    recommended = {**template, "name": RECOMMENDED, "k": top}
+    if schedule is not None:
+        recommended["k_schedule"] = schedule
+    workloads = [
+        {**w, "strata": [rec.workload]}
+        for w in spec["workloads"]
+        if w.get("strata") is None or rec.workload in w["strata"]
+    ]
+    load = {
+        **spec["load"],
+        "concurrencies": [c.concurrency for c in rec.choices],
+        "rates": [],
+    }
+    out = {
+        key: value
+        for key, value in spec.items()
+        if key not in ("variants", "workloads", "load", "profile", "name", "description")
+    }
+    return {
+        **out,
+        "name": f"{spec['name']}-verify"[:48],
+        "description": f"Verifies the recommended schedule {schedule or top} for {rec.family} on {rec.workload}.",
+        "variants": [plain, {**template, "name": f"fixed-k{fixed_k}", "k": fixed_k}, recommended],
+        "workloads": workloads,
+        "load": load,
+    }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    concurrency: int
+    over_plain: float
+    over_plain_low: float | None
+    over_plain_high: float | None
+    over_fixed: float | None
+    over_fixed_low: float | None
+    over_fixed_high: float | None
+    beats_both: bool | None  # None: no interval to judge by
+
+    def text(self) -> str:
+        def span(estimate: float | None, low: float | None, high: float | None) -> str:
+            if estimate is None:
+                return "–"
+            return f"{estimate:.3g}" + (f" [{low:.3g}, {high:.3g}]" if low is not None else " (no interval)")
+
+        verdict = {True: "beats both", False: "does not beat both", None: "untested (no interval)"}[
+            self.beats_both
+        ]
+        return (
+            f"C={self.concurrency}: over plain {span(self.over_plain, self.over_plain_low, self.over_plain_high)}, "
+            f"over the fixed depth {span(self.over_fixed, self.over_fixed_low, self.over_fixed_high)}: {verdict}"
+        )
+
+
+def verification(data: CampaignData, settings: AnalysisSettings | None = None) -> list[Verdict]:
+    """Per load of a verification campaign: the recommended schedule's throughput speedup over plain, and its
+    edge over the fixed depth (per-repeat ratios), each with its interval; it beats both where both intervals
+    lie above 1."""
+    settings = settings or AnalysisSettings()
+    rows = gain(speedup_table(data, settings), "throughput").filter(pl.col("load_mode") == "closed")
+    out = []
+    for (concurrency,), group in rows.sort("concurrency").group_by(["concurrency"], maintain_order=True):
+        by_variant = {r["variant"]: r for r in group.to_dicts()}
+        rec = by_variant.get(RECOMMENDED)
+        fixed = next((r for v, r in by_variant.items() if v.startswith("fixed-k")), None)
+        if rec is None:
+            continue
+        edge = _edge(rec, fixed, settings) if fixed else (None, None, None, "", None)
+        over_plain_above = rec["ci_low"] > 1.0 if rec["ci_low"] is not None else None
+        over_fixed_above = edge[1] > 1.0 if edge[1] is not None else None
+        judged = (
+            None
+            if over_plain_above is None or over_fixed_above is None
+            else over_plain_above and over_fixed_above
+        )
+        out.append(
+            Verdict(
+                int(concurrency),
+                float(rec["estimate"]),
+                rec["ci_low"],
+                rec["ci_high"],
+                edge[0],
+                edge[1],
+                edge[2],
+                judged,
+            )
+        )
+    return out

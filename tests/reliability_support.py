@@ -180,22 +180,15 @@ def latest_deployment(campaign_dir: Path) -> dict[str, Any]:
 
 # -- the Prefect API ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def prefect_api() -> Iterator[str]:
-    """A real Prefect API server (prefect_test_harness) for the module, tuned as the Prefect facts say;
-    yields its URL (for subprocesses)."""
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
-    from specgauge.prefect_env import configure
+def prefect_api(prefect_harness: None) -> Iterator[str]:
+    """The session's Prefect test server (tests/conftest.py `prefect_harness`, tuned as the Prefect facts
+    say); yields its URL (for subprocesses). One server per session: with a second harness started inside
+    the first (this module's own, until 2026-12-01), the outer server's warehouse writer slot stayed taken
+    and the next flow here waited for it forever, Prefect's events worker failing meanwhile (seen once the
+    suite ran in another order: the analyze flow, the regression flow, then these)."""
+    from prefect.settings import PREFECT_API_URL
 
-    configure()
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    with (
-        prefect_test_harness(server_startup_timeout=90),
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-    ):
-        yield str(PREFECT_API_URL.value())
+    yield str(PREFECT_API_URL.value())
 
 
 # -- checks ------------------------------------------------------------------------------------------------

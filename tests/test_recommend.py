@@ -146,3 +146,43 @@ def test_the_report_shows_the_recommendation(surface_db: Path, tmp_path: Path) -
     assert "Which depth at which load" in page
     assert json.dumps(rec.config).replace('"', "&quot;") in page  # the config to deploy, as printed
     assert "speculation off" in page
+
+
+def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_schedule(
+    surface_db: Path, tmp_path: Path
+) -> None:
+    from analysis.recommend import best_fixed_k, verification, verification_spec
+    from experiments.spec import parse_spec
+
+    with reader(surface_db) as con:
+        data = load_campaign(con)
+    (rec,) = recommend(data, FAST)
+    fixed = best_fixed_k(rec, data, FAST)
+    assert fixed == 2  # geometric mean over C=1, 4, 16: k=2 (1.6, 1.35, 0.8) beats k=4 (2.0, 1.05, 0.6)
+    spec = parse_spec(verification_spec(data.spec, rec, fixed))
+    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended"]
+    recommended = spec.variants[2]
+    assert recommended.speculative_config() == rec.config
+    assert spec.load.concurrencies == (1, 4, 16) and spec.profile is None and spec.capture.enabled
+
+    # The verification campaign, planted: the schedule runs k=4 at C=1, k=2 at C=4, off at C=16.
+    scheduled = {1: SURFACE[1][4], 4: SURFACE[4][2], 16: 0.99}
+
+    def plant(variant: str, repeat: int, workload: str, load: str):
+        c, tpot = int(load[1:]), PLAIN_TPOT * DRIFT[repeat]
+        if variant == "plain":
+            return profile(tpot, None)
+        if variant == "fixed-k2":  # its own launches: their own launch-to-launch variation
+            return profile(tpot / SURFACE[c][2] * NOISE[::-1][repeat], 0.5)
+        return profile(tpot / scheduled[c] * NOISE[repeat], 0.5)
+
+    planted = spec.model_copy(update={"repeats": 4, "load": spec.load.model_copy(update={"requests": 16})})
+    db = PlantedBuilder(tmp_path / "raw", spec=planted, plant=plant).build(tmp_path / "v.duckdb")
+    with reader(db) as con:
+        verdicts = {v.concurrency: v for v in verification(load_campaign(con), FAST)}
+    assert verdicts[1].beats_both is True  # k=4 alone: 2.0 over plain, 1.25 over the fixed k=2
+    assert verdicts[4].beats_both is False  # the schedule runs k=2 there: no edge over fixed k=2
+    assert (
+        verdicts[16].beats_both is False and verdicts[16].over_fixed > 1.1
+    )  # off beats k=2's 0.8, not plain
+    assert "beats both" in verdicts[1].text() and "does not beat both" in verdicts[4].text()
