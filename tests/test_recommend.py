@@ -186,3 +186,19 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
         verdicts[16].beats_both is False and verdicts[16].over_fixed > 1.1
     )  # off beats k=2's 0.8, not plain
     assert "beats both" in verdicts[1].text() and "does not beat both" in verdicts[4].text()
+
+
+def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Path, home: Path) -> None:
+    from experiments.spec import load_spec
+    from specgauge.errors import InputError
+    from tasks.verify import write_verification_spec
+
+    path = write_verification_spec(None, None, surface_db)
+    assert path.parent == home / "specs" and path.name.endswith("-verify-chat.yaml")
+    spec = load_spec(path)
+    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended"]
+    assert spec.variants[2].k_schedule == ((1, 2, 4), (3, 8, 2), (9, 256, 0))
+    first = path.read_text()
+    assert write_verification_spec(None, "chat", surface_db) == path and path.read_text() == first
+    with pytest.raises(InputError, match="no recommendation to verify on workload 'code'"):
+        write_verification_spec(None, "code", surface_db)

@@ -183,6 +183,30 @@ def register(app: typer.Typer) -> None:
         corpus, label, a draft with another vocabulary) exits with code 2 before anything is written."""
         run_campaign_cli(spec, label, ingest, gate, analyze)
 
+    @campaign_app.command("verify-recommendation")
+    def verify_cmd(
+        campaign_id: Annotated[
+            str | None,
+            typer.Argument(help="The campaign whose recommendation to verify. Default: the latest campaign."),
+        ] = None,
+        workload: Annotated[
+            str | None, typer.Option(help="The recommendation's workload (needed when there are several).")
+        ] = None,
+    ) -> None:
+        """Launch the recommended depth schedule (`specgauge recommend`) beside plain and the best fixed depth,
+        as a campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
+        the schedule beats both."""
+        from tasks.verify import write_verification_spec
+
+        spec = write_verification_spec(campaign_id, workload)  # refuses before anything launches
+        console.print(f"verification spec: {spec}", markup=False)
+        result = run_campaign_cli(str(spec), None, True, True, True)
+
+        from tasks.verify import verdicts_of
+
+        for line in verdicts_of(result["campaign_id"]):
+            console.print(line, markup=False)
+
     @app.command("demo")
     def demo_cmd() -> None:
         """The main job on the embedded engine: plain vs n-gram vs draft model on the smoke corpus, then the
