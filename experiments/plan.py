@@ -66,13 +66,19 @@ class CampaignPlan:
         return [(d, c) for d in self.deployments for c in d.cells]
 
 
+def lossy_by_design(variant: Variant) -> bool:
+    """Synthetic acceptance keeps drafts the target would reject: its outputs are not meant to match plain's,
+    so it is neither captured nor gated (it measures cost, not correctness)."""
+    return variant.synthetic_acceptance_length is not None
+
+
 def gate_plan(plain: Variant, deployments: tuple[DeploymentPlan, ...]) -> GatePlan:
     """The gate's pairs, from the captures the deployments take (plan_campaign decides those)."""
     base = f"{plain.name}.r0"
     treatments = tuple(
         (d.variant.name, f"{d.variant.name}.r0")
         for d in deployments
-        if d.role == "arm" and d.repeat == 0 and d.variant.speculative
+        if d.role == "arm" and d.repeat == 0 and d.variant.speculative and not lossy_by_design(d.variant)
     )
     controls = tuple(
         (base, capture)
@@ -155,7 +161,11 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
             captures: tuple[str, ...] = ()
             # The gate judges each speculative variant's first repeat against plain; every plain launch is
             # captured, since each one beyond the first is a cross-deployment control.
-            if spec.capture.enabled and (variant.method == "none" or repeat == 0):
+            if (
+                spec.capture.enabled
+                and (variant.method == "none" or repeat == 0)
+                and not lossy_by_design(variant)
+            ):
                 captures = (ids.capture_id(name, repeat),)
                 if variant.method == "none" and repeat == 0:
                     captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control

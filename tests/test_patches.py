@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 def test_every_patch_applies_to_the_installed_vllm(tmp_path: Path) -> None:
     patches = available_patches()
-    assert set(patches) == {"apertus-image-token-id", "nvtx-spec-decode"}
+    assert set(patches) == {"apertus-image-token-id", "cpu-synthetic-acceptance", "nvtx-spec-decode"}
     for name, patch in patches.items():
         out = tmp_path / name
         overlay = build_overlay(SITE, out, [name])
@@ -148,11 +148,16 @@ def test_overlay_command_writes_files_and_prints_the_mount_list(tmp_path: Path) 
     mounts = [line for line in result.stdout.splitlines() if not line.startswith("#")]
     assert mounts == [
         f"{out}/v1/spec_decode/llm_base_proposer.py:/workspace/vllm/vllm/v1/spec_decode/llm_base_proposer.py",
+        f"{out}/utils/cpu_triton_utils.py:/workspace/vllm/vllm/utils/cpu_triton_utils.py",
         f"{out}/v1/worker/gpu/model_runner.py:/workspace/vllm/vllm/v1/worker/gpu/model_runner.py",
         f"{out}/v1/worker/gpu_model_runner.py:/workspace/vllm/vllm/v1/worker/gpu_model_runner.py",
     ]
     manifest = json.loads((out / "overlay.json").read_text())
-    assert [p["name"] for p in manifest["patches"]] == ["apertus-image-token-id", "nvtx-spec-decode"]
+    assert [p["name"] for p in manifest["patches"]] == [
+        "apertus-image-token-id",
+        "cpu-synthetic-acceptance",
+        "nvtx-spec-decode",
+    ]
     assert manifest["container_vllm_dir"] == "/workspace/vllm/vllm" and manifest["vllm_version"] == "0.32.0"
     again = runner.invoke(app, ["patches", "overlay", "--vllm-src", str(SITE), "--out", str(out)])
     assert again.exit_code == 2 and "not empty" in again.output

@@ -23,6 +23,7 @@ from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
 from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
 from tasks.launch.config import LauncherConfig, SavedSettings
+from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
 from tasks.launch.registry import register
 
 _LIVE: dict[str, tuple[LocalLauncher, Deployment]] = {}
@@ -167,6 +168,14 @@ class LocalLauncher:
         compilation = self.compilation(target, variant)
         for name, value in {**compile_cache_env(compilation, env), **uniprocess_env(command)}.items():
             env.setdefault(name, value)  # the caller's environment and the target's env win
+        overlays = None
+        if self.spec.patches:
+            overlay = engine_overlay(self.engine_python, list(self.spec.patches), get_settings().home)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(LOCAL_OVERLAY_SITE), env.get("PYTHONPATH")) if p
+            )
+            env["SPECGAUGE_OVERLAY"] = overlay.root
+            overlays = overlay.provenance()
         log_path = directory / "engine.log"
         (directory / "command.txt").write_text(" ".join(command) + "\n")
         with open(log_path, "ab") as log:
@@ -198,6 +207,7 @@ class LocalLauncher:
                 "kv_cache_gib": self.spec.kv_cache_gib,
                 "compilation": compilation,
                 **{name: env[name] for name in RECORDED_ENV if name in env},
+                **({"overlays": overlays} if overlays else {}),
             },
         )
         ledger.record(

@@ -9,7 +9,9 @@ and to record the overlay (patch names + sha256) in the deployment's provenance.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,6 +25,8 @@ from specgauge.provenance import sha256_file, utc_now
 from specgauge.settings import REPO_ROOT
 
 PATCHES_DIR = REPO_ROOT / "patches"
+# On the engine's PYTHONPATH: its sitecustomize loads the overlay's files in place of vLLM's (local engine).
+LOCAL_OVERLAY_SITE = Path(__file__).resolve().parent / "local_overlay"
 MANIFEST = "overlay.json"
 _TARGET = re.compile(r"^\+\+\+ b/vllm/(\S+)", re.MULTILINE)
 _HEADER = re.compile(r"^([A-Z][A-Za-z-]+):\s*(.+)$")
@@ -190,3 +194,38 @@ def load_overlay(directory: Path | str) -> Overlay:
         if not copy.exists() or sha256_file(copy) != entry["sha256"]:
             raise InputError(f"{copy}: missing or changed since the overlay was written")
     return overlay
+
+
+def engine_vllm_package(engine_python: Path | str) -> Path:
+    """The `vllm` package an engine Python imports (found without importing it)."""
+    probe = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
+    done = subprocess.run([str(engine_python), "-c", probe], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise InputError(f"{engine_python}: cannot find its vLLM: {done.stderr.strip()[-500:]}")
+    return find_vllm_package(Path(done.stdout.strip()))
+
+
+def engine_overlay(engine_python: Path | str, names: list[str], home: Path) -> Overlay:
+    """The overlay of `names` for the embedded engine's own vLLM, built once under HOME/overlays/ (keyed by the
+    vLLM and the patches' sha256) and reused by every later start."""
+    package = engine_vllm_package(engine_python)
+    known = available_patches()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(f"unknown patch(es) {', '.join(unknown)}; available: {', '.join(sorted(known))}")
+    key_text = "|".join(
+        [str(package), vllm_version(package) or "", *(f"{n}:{known[n].sha256}" for n in names)]
+    )
+    out = home / "overlays" / hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    if (out / MANIFEST).exists():
+        return load_overlay(out)
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    overlay = build_overlay(package, partial, names, container_vllm_dir=str(package))
+    overlay.root = str(out)  # where it lives once moved into place
+    (partial / MANIFEST).write_text(json.dumps(overlay.to_json(), indent=2) + "\n")
+    try:
+        partial.rename(out)
+    except OSError:  # another start built it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return load_overlay(out)
