@@ -168,7 +168,9 @@ def _families(spec: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     out = {}
     for entry in spec.get("variants") or []:
         variant = Variant.model_validate(entry)
-        if variant.speculative:
+        if (
+            variant.speculative and variant.synthetic_acceptance_length is None
+        ):  # synthetic: cost, not a config
             family = " ".join(part for part in (variant.method, variant.drafter) if part)
             out[variant.name] = (family, entry)
     return out

@@ -504,6 +504,35 @@ def campaign_sections(
     )
 
     sections.append(recommendation_section(results.recommendations))
+    if not results.break_even.is_empty():
+        sections.append(
+            Section(
+                "break-even",
+                "Break-even acceptance, measured",
+                '<p class="note">From synthetic-acceptance runs (the drafter and verification run for real, drafts '
+                "accepted at a named mean acceptance length L): the throughput speedup over plain against L, fitted "
+                "by least squares, crosses 1 at the break-even L* [bootstrap interval over repeats]; beside it the "
+                "break-even Q3 infers from the real runs of the same depth (s_k / s_0).</p>"
+                + html_table(
+                    results.break_even,
+                    [
+                        col("family"),
+                        col("k"),
+                        col("workload"),
+                        col("concurrency", "C"),
+                        Column("lengths", lambda r: ", ".join(f"{v:g}" for v in r["lengths"])),
+                        Column(
+                            "break-even L*",
+                            lambda r: fmt_interval(
+                                r["break_even"], r["break_even_low"], r["break_even_high"], "no interval"
+                            ),
+                        ),
+                        col("inferred_break_even", "inferred from real runs", fmt_num()),
+                        col("note"),
+                    ],
+                ),
+            )
+        )
 
     mode = "open" if has_rate_sweep(data) else "closed"
     sections.append(
