@@ -72,6 +72,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 
+# The serial worker is the run's critical path; the other worker only fills the cores it leaves idle. Measured
+# 2026-12-01 on 2 cores: at equal priority the other worker's CPU work slowed the session's campaign from 14 to
+# 19 minutes.
+BACKGROUND_NICE = 10
+
+
+@pytest.fixture(autouse=True)
+def critical_path_first(request: pytest.FixtureRequest) -> None:
+    """Under pytest-xdist, a worker that runs a test outside the serial group lowers its own priority (and its
+    children's) for the rest of the run; the serial worker runs its whole group first, at normal priority."""
+    background = os.environ.get("PYTEST_XDIST_WORKER") and not runs_serially(request.node)
+    if background and os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICE:
+        os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test session writes raw artifacts, ledger and warehouse under its own SPECGAUGE_HOME."""
