@@ -63,3 +63,25 @@ def test_history_comes_from_the_warehouse_of_past_campaigns(tmp_path: Path) -> N
     assert (history.start_s, history.launches) == (pytest.approx(ready[0]), ready[1]) and history.launches > 0
     assert set(history.request_s) == set(builder.spec.load.concurrencies) and history.cells > 0
     assert other.launches == 0 and other.request_s == {}  # another launcher's runs say nothing of this one
+
+
+def test_campaign_plan_prints_the_size_and_says_when_it_cannot_estimate(home: Path) -> None:
+    from typer.testing import CliRunner
+    from warehouse_fixtures import RawBuilder, make_spec
+
+    from cli.app import app
+    from specgauge.settings import get_settings
+    from warehouse import ingest
+
+    spec_file = str(REPO / "tests" / "data" / "specs" / "tiny.yaml")
+    runner = CliRunner()
+    first = runner.invoke(app, ["campaign", "plan", spec_file])
+    assert first.exit_code == 0, first.output
+    assert "launches: 1 (1 measured, 0 plain controls, 0 profiled)" in first.output  # capture off there
+    assert "estimated time: unknown (no warehouse yet" in first.output
+    builder = RawBuilder(home / "raw-history", spec=make_spec())
+    builder.write_all()
+    ingest.ingest_raw(builder.raw_dir, get_settings().warehouse_path)
+    second = runner.invoke(app, ["campaign", "plan", spec_file])
+    assert second.exit_code == 0, second.output
+    assert "estimated time: about" in second.output and "past launches on 'local'" in second.output
