@@ -38,6 +38,8 @@ class LoadChoice:
     k: int  # 0: speculation off at this load
     best_k: int  # the best measured depth (k is 0 when even it is below 1)
     speedup: float  # best depth's throughput speedup over plain
+    speedup_low: float | None  # its bootstrap interval over repeats (None with one repeat)
+    speedup_high: float | None
     speedup_interval: str
     runner_up_k: int | None
     edge: float | None  # best / runner-up, mean of per-repeat ratios
@@ -126,6 +128,8 @@ def choose(rows: pl.DataFrame, settings: AnalysisSettings) -> list[LoadChoice]:
                 k=int(best["k"]) if best["estimate"] >= 1.0 else 0,
                 best_k=int(best["k"]),
                 speedup=float(best["estimate"]),
+                speedup_low=best["ci_low"],
+                speedup_high=best["ci_high"],
                 speedup_interval=best["interval"],
                 runner_up_k=int(runner["k"]) if runner else None,
                 edge=edge[0],

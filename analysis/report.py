@@ -245,7 +245,12 @@ def recommendation_section(recommendations: list) -> Section:
                 [
                     col("concurrency", "C"),
                     col("best_k", "best k"),
-                    Column("speedup", lambda row: f"{row['speedup']:.3g} ({row['speedup_interval']})"),
+                    Column(
+                        "speedup",
+                        lambda row: fmt_interval(
+                            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_interval"]
+                        ),
+                    ),
                     Column(
                         "runner-up",
                         lambda row: "–" if row["runner_up_k"] is None else f"k={row['runner_up_k']}",

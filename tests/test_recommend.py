@@ -74,6 +74,7 @@ def test_the_schedule_follows_the_best_depth_at_each_load_and_turns_off(surface_
     for c in rec.choices:
         truth = planted_throughput_speedup(PLAIN_TPOT, SURFACE[c.concurrency][c.best_k])
         assert c.speedup == pytest.approx(truth, rel=0.05), c
+        assert c.speedup_low <= truth <= c.speedup_high
         runner = planted_throughput_speedup(PLAIN_TPOT, SURFACE[c.concurrency][c.runner_up_k])
         assert (
             c.edge == pytest.approx(truth / runner, rel=0.05) and c.edge_low <= truth / runner <= c.edge_high
@@ -112,6 +113,7 @@ def test_cli_prints_the_evidence_and_json(surface_db: Path) -> None:
     shown = runner.invoke(app, ["recommend", "--db", str(surface_db)])
     assert shown.exit_code == 0, shown.output
     assert "--speculative-config" in shown.output and "caveat: C=16: speculation off" in shown.output
+    assert "[" in shown.output.split("best k", 1)[1]  # intervals printed as [low, high]
     as_json = runner.invoke(app, ["recommend", "--db", str(surface_db), "--json"])
     assert as_json.exit_code == 0, as_json.output
     (rec,) = json.loads(as_json.output)
