@@ -20,8 +20,8 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.speedup import LOAD_KEYS, gain
-from analysis.stats import has_interval, interval_label, mean_interval
+from analysis.speedup import LOAD_KEYS, gain, paired_ratio
+from analysis.stats import has_interval, interval_label
 
 CHOICE_SCHEMA = {
     "workload": pl.String,
@@ -124,16 +124,7 @@ def choice_table(
     for row in pairs.iter_rows(named=True):
         load = {k: row[k] for k in LOAD_KEYS}
         n_var, d_var = row["variant"], row["variant_d"]
-        n_rep, d_rep = per_repeat(n_var, load), per_repeat(d_var, load)
-        common = sorted(set(n_rep) & set(d_rep))
-        ratios = [d_rep[r] / n_rep[r] for r in common if n_rep[r]]
-        ratio = (
-            mean_interval(
-                ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
-            )
-            if ratios
-            else None
-        )
+        ratio = paired_ratio(per_repeat(d_var, load), per_repeat(n_var, load), settings)
         drawn = ratio is not None and has_interval(ratio)
         n_peak, n_pre = usage_of(n_var, load)
         d_peak, d_pre = usage_of(d_var, load)
@@ -190,7 +181,7 @@ def choice_table(
                 "draft_over_ngram": ratio.estimate if ratio else None,
                 "draft_over_ngram_low": ratio.low if drawn and ratio else None,
                 "draft_over_ngram_high": ratio.high if drawn and ratio else None,
-                "n_repeats": len(ratios),
+                "n_repeats": ratio.n if ratio else 0,
                 "interval": interval_label(ratio) if ratio else "no paired repeats",
                 "kv_tokens_plain": plain_kv,
                 "kv_tokens_ngram": kv.get(n_var),

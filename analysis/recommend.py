@@ -23,8 +23,8 @@ from typing import Any
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.speedup import gain, speedup_table
-from analysis.stats import has_interval, interval_label, mean_interval
+from analysis.speedup import gain, paired_ratio, speedup_table
+from analysis.stats import has_interval, interval_label
 from experiments.spec import Variant
 
 MAX_BATCH = 256  # vLLM's default max_num_seqs: the last range runs to it
@@ -95,15 +95,15 @@ def schedule_of(choices: list[LoadChoice], max_batch: int = MAX_BATCH) -> list[l
 
 
 def _edge(best: dict[str, Any], runner: dict[str, Any], settings: AnalysisSettings) -> tuple:
-    by_repeat = dict(zip(runner["repeats"], runner["per_repeat"], strict=True))
-    ratios = [
-        b / by_repeat[r] for r, b in zip(best["repeats"], best["per_repeat"], strict=True) if r in by_repeat
-    ]
-    if not ratios:
-        return None, None, None, "no common repeat", None
-    interval = mean_interval(
-        ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
+    """best / runner-up, paired per repeat (analysis.speedup.paired_ratio): estimate, low, high, label,
+    whether the interval excludes 1."""
+    interval = paired_ratio(
+        dict(zip(best["repeats"], best["per_repeat"], strict=True)),
+        dict(zip(runner["repeats"], runner["per_repeat"], strict=True)),
+        settings,
     )
+    if interval is None:
+        return None, None, None, "no common repeat", None
     drawn = has_interval(interval)
     return (
         interval.estimate,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import GAIN_METRICS, AnalysisSettings, CampaignData
-from analysis.stats import has_interval, interval_label, mean_interval
+from analysis.stats import Interval, has_interval, interval_label, mean_interval
 
 LOAD_KEYS = ("workload", "load_mode", "load_label", "concurrency", "rate")
 VARIANT_KEYS = ("variant", "method", "k")
@@ -102,3 +102,19 @@ def speedup_table(data: CampaignData, settings: AnalysisSettings | None = None) 
 def gain(speedups: pl.DataFrame, metric: str) -> pl.DataFrame:
     """The rows of one metric, e.g. the decision rule's gain."""
     return speedups.filter(pl.col("metric") == metric)
+
+
+def paired_ratio(
+    numerator: dict[int, float], denominator: dict[int, float], settings: AnalysisSettings
+) -> Interval | None:
+    """One speculative variant against another, paired per repeat (repeat -> speedup over the same plain):
+    the mean of numerator_r / denominator_r over the repeats both have, with its bootstrap interval over
+    repeats; None when they share no repeat."""
+    ratios = [
+        numerator[r] / denominator[r] for r in sorted(set(numerator) & set(denominator)) if denominator[r]
+    ]
+    if not ratios:
+        return None
+    return mean_interval(
+        ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
+    )
