@@ -220,11 +220,19 @@ def recommend(
 RECOMMENDED = "recommended"
 
 
-def best_fixed_k(rec: Recommendation, data: CampaignData, settings: AnalysisSettings | None = None) -> int:
-    """The family's depth with the highest geometric-mean throughput speedup over the recommendation's loads."""
+def best_fixed_k(
+    rec: Recommendation,
+    data: CampaignData,
+    settings: AnalysisSettings | None = None,
+    *,
+    speedups: pl.DataFrame | None = None,
+) -> int:
+    """The family's depth with the highest geometric-mean throughput speedup over the recommendation's loads
+    (`speedups`: speedup_table's, when the caller has it already)."""
     settings = settings or AnalysisSettings()
     families = _families(data.spec)
-    rows = gain(speedup_table(data, settings), "throughput").filter(
+    table = speedup_table(data, settings) if speedups is None else speedups
+    rows = gain(table, "throughput").filter(
         (pl.col("load_mode") == "closed")
         & (pl.col("workload") == rec.workload)
         & pl.col("variant").is_in([v for v, (f, _) in families.items() if f == rec.family])

@@ -11,6 +11,7 @@ import yaml
 
 from analysis.data import AnalysisSettings, load_campaign
 from analysis.recommend import Verdict, best_fixed_k, recommend, verification, verification_spec
+from analysis.speedup import speedup_table
 from specgauge.errors import InputError
 from specgauge.settings import get_settings
 from warehouse.db import reader
@@ -27,7 +28,9 @@ def write_verification_spec(
     when None) under SPECGAUGE_HOME/specs/, and return its path. The same recommendation gives the same file."""
     with reader(db) as con:
         data = load_campaign(con, campaign_id)
-    found = [r for r in recommend(data) if workload in (None, r.workload)]
+    settings = AnalysisSettings()
+    speedups = speedup_table(data, settings)  # once: the recommendation and the best fixed depth read it
+    found = [r for r in recommend(data, settings, speedups=speedups) if workload in (None, r.workload)]
     if not found:
         raise InputError(
             f"campaign {data.campaign_id}: no recommendation to verify"
@@ -40,7 +43,7 @@ def write_verification_spec(
             f"campaign {data.campaign_id} has {len(found)} recommendations ({choices}): give --workload"
         )
     rec = found[0]
-    spec = verification_spec(data.spec, rec, best_fixed_k(rec, data))
+    spec = verification_spec(data.spec, rec, best_fixed_k(rec, data, settings, speedups=speedups))
     path = specs_dir() / f"{data.campaign_id}-verify-{rec.workload}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".yaml.{os.getpid()}.tmp")

@@ -196,14 +196,11 @@ def register(app: typer.Typer) -> None:
         """Launch the recommended depth schedule (`specgauge recommend`) beside plain and the best fixed depth,
         as a campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
         the schedule beats both."""
-        from tasks.verify import write_verification_spec
+        from tasks.verify import verdicts_of, write_verification_spec
 
         spec = write_verification_spec(campaign_id, workload)  # refuses before anything launches
         console.print(f"verification spec: {spec}", markup=False)
         result = run_campaign_cli(str(spec), None, True, True, True)
-
-        from tasks.verify import verdicts_of
-
         for line in verdicts_of(result["campaign_id"]):
             console.print(line, markup=False)
 

@@ -9,6 +9,7 @@ and to record the overlay (patch names + sha256) in the deployment's provenance.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -196,8 +197,10 @@ def load_overlay(directory: Path | str) -> Overlay:
     return overlay
 
 
+@functools.lru_cache(maxsize=8)
 def engine_vllm_package(engine_python: Path | str) -> Path:
-    """The `vllm` package an engine Python imports (found without importing it)."""
+    """The `vllm` package an engine Python imports (found without importing it; asked once per process, not
+    at every launch)."""
     probe = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
     done = subprocess.run([str(engine_python), "-c", probe], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
