@@ -98,8 +98,10 @@ def capacity_table(data: CampaignData) -> pl.DataFrame:
         return pl.DataFrame(schema=CAPACITY_SCHEMA)
     kv = kv_capacity(data)
     variants = data.variants()
-    plain_names = variants.filter(pl.col("method") == "none")["variant"].to_list()
-    plain_kv = kv.get(plain_names[0]) if plain_names else None
+    # Each variant is compared with the plain variant of its own sampling and layout (a sweep has several).
+    plain_of_setting = {
+        data.setting_of(name): name for name in variants.filter(pl.col("method") == "none")["variant"]
+    }
     gauges = data.cells.group_by("variant", "workload", "load_mode", "concurrency", "rate").agg(
         pl.col("gauge_kv_cache_usage_max").max().alias("peak"),
         pl.col("gauge_preemptions").sum().alias("preemptions"),
@@ -110,9 +112,11 @@ def capacity_table(data: CampaignData) -> pl.DataFrame:
             (variant, method, k): _curve(group, mode)
             for (variant, method, k), group in scope.group_by(["variant", "method", "k"], maintain_order=True)
         }
-        plain = next((c for (v, m, _), c in curves.items() if m == "none"), None)
-        plain_load = plain["sustainable_load"] if plain else None
         for (variant, method, k), curve in curves.items():
+            plain_name = plain_of_setting.get(data.setting_of(variant))
+            plain = next((c for (v, _, _), c in curves.items() if v == plain_name), None)
+            plain_load = plain["sustainable_load"] if plain else None
+            plain_kv = kv.get(plain_name) if plain_name else None
             curve_rows = curve.pop("_rows")
             column = _load_column(mode)
             at_plain = (

@@ -90,13 +90,17 @@ def choice_table(
     settings: AnalysisSettings | None = None,
 ) -> pl.DataFrame:
     settings = settings or AnalysisSettings()
+    # n-gram against the draft model within the reference setting (the first plain variant's sampling and
+    # layout): a sweep's other settings are not mixed into one choice.
+    plains = data.variants().filter(pl.col("method") == "none")["variant"].to_list()
+    reference = data.setting_of(plains[0]) if plains else ""
+    same = [name for name in decisions["variant"].unique().to_list() if data.setting_of(name) == reference]
+    decisions = decisions.filter(pl.col("variant").is_in(same))
     ngram, draft = _best(decisions, "ngram"), _best(decisions, "draft_model")
     if ngram.is_empty() or draft.is_empty():
         return pl.DataFrame(schema=CHOICE_SCHEMA)
     kv = kv_capacity(data)
-    plain_kv = next(
-        (kv.get(v) for v in data.variants().filter(pl.col("method") == "none")["variant"].to_list()), None
-    )
+    plain_kv = next((kv.get(v) for v in plains if data.setting_of(v) == reference), None)
     gains = gain(speedups, settings.gain_metric)
     usage = data.cells.group_by("variant", *LOAD_KEYS).agg(
         pl.col("gauge_kv_cache_usage_max").max().alias("peak"),

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import duckdb
 import polars as pl
 
+from experiments.spec import Variant
 from specgauge.errors import InputError
 
 GAIN_METRICS = ("throughput", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
@@ -78,6 +80,18 @@ class CampaignData:
         if self.cells.is_empty():
             return 0
         return int(self.cells["repeat"].n_unique())
+
+    @cached_property
+    def setting_labels(self) -> dict[str, str]:
+        """variant -> the sampling and layout it is served with, for a campaign that sweeps them ('' else).
+        Variants are compared only within one setting (v_speedup pairs on sampling_key and engine_key)."""
+        return {
+            entry["name"]: Variant.model_validate(entry).setting_label
+            for entry in self.spec.get("variants") or []
+        }
+
+    def setting_of(self, variant: str) -> str:
+        return self.setting_labels.get(variant, "")
 
     def variants(self) -> pl.DataFrame:
         """One row per measured variant: name, method, k (plain first, then by method and depth)."""

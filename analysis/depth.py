@@ -138,7 +138,11 @@ def step_time_fits(data: CampaignData, settings: AnalysisSettings | None = None)
     if points.is_empty():
         return pl.DataFrame(schema=FIT_SCHEMA)
     rows = []
-    for (method,), group in points.group_by(["method"], maintain_order=True):
+    # One fit per method and setting: a sweep's samplings and layouts step at different costs.
+    points = points.with_columns(
+        pl.col("variant").replace_strict(data.setting_labels, default="").alias("setting")
+    )
+    for (method, setting), group in points.group_by(["method", "setting"], maintain_order=True):
         scopes: list[tuple[str | None, pl.DataFrame]] = [(None, group)]
         scopes += [(w, g) for (w,), g in group.group_by(["workload"], maintain_order=True)]
         for workload, scope in scopes:
@@ -152,7 +156,7 @@ def step_time_fits(data: CampaignData, settings: AnalysisSettings | None = None)
             rows.append(
                 fit_record(
                     "Q3",
-                    method,
+                    f"{method} ({setting})" if setting else method,
                     workload,
                     "k",
                     "relative_step_time",

@@ -176,6 +176,8 @@ def _families(spec: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
             variant.speculative and variant.synthetic_acceptance_length is None
         ):  # synthetic: cost, not a config
             family = " ".join(part for part in (variant.method, variant.drafter) if part)
+            if variant.setting_label:  # a sweep's sampling or layout: a schedule of its own
+                family += f" ({variant.setting_label})"
             out[variant.name] = (family, entry)
     return out
 
@@ -252,7 +254,14 @@ def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -
     families = _families(spec)
     template = next(entry for _, (f, entry) in families.items() if f == rec.family)
     top = int(rec.config["num_speculative_tokens"])
-    plain = next(v for v in spec["variants"] if v.get("method", "none") == "none")
+    # The plain variant served like the family (its sampling and layout, when the campaign swept them).
+    plain = next(
+        v
+        for v in spec["variants"]
+        if v.get("method", "none") == "none"
+        and v.get("sampling") == template.get("sampling")
+        and v.get("layout") == template.get("layout")
+    )
     schedule = rec.config.get("num_speculative_tokens_per_batch_size")
     recommended = {**template, "name": RECOMMENDED, "k": top}
     if schedule is not None:
@@ -270,7 +279,7 @@ def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -
     out = {
         key: value
         for key, value in spec.items()
-        if key not in ("variants", "workloads", "load", "profile", "name", "description")
+        if key not in ("variants", "workloads", "load", "profile", "name", "description", "layouts")
     }
     return {
         **out,

@@ -66,19 +66,31 @@ class CampaignPlan:
         return [(d, c) for d in self.deployments for c in d.cells]
 
 
+def gated(spec: ExperimentSpec, variant: Variant) -> bool:
+    """Whether the correctness gate compares this variant's outputs with plain's: not a lossy one, greedy, and
+    served like the reference plain variant (the gate compares greedy outputs at the campaign's first sampling
+    and layout; the other settings of a sweep are measured for speed)."""
+    return (
+        not lossy_by_design(variant)
+        and spec.sampling_of(variant).greedy
+        and spec.reference_setting(variant)
+    )
+
+
 def lossy_by_design(variant: Variant) -> bool:
     """Synthetic acceptance keeps drafts the target would reject: its outputs are not meant to match plain's,
     so it is neither captured nor gated (it measures cost, not correctness)."""
     return variant.synthetic_acceptance_length is not None
 
 
-def gate_plan(plain: Variant, deployments: tuple[DeploymentPlan, ...]) -> GatePlan:
+def gate_plan(spec: ExperimentSpec, deployments: tuple[DeploymentPlan, ...]) -> GatePlan:
     """The gate's pairs, from the captures the deployments take (plan_campaign decides those)."""
+    plain = spec.plain
     base = f"{plain.name}.r0"
     treatments = tuple(
         (d.variant.name, f"{d.variant.name}.r0")
         for d in deployments
-        if d.role == "arm" and d.repeat == 0 and d.variant.speculative and not lossy_by_design(d.variant)
+        if d.role == "arm" and d.repeat == 0 and d.variant.speculative and gated(spec, d.variant)
     )
     controls = tuple(
         (base, capture)
@@ -91,7 +103,15 @@ def gate_plan(plain: Variant, deployments: tuple[DeploymentPlan, ...]) -> GatePl
 
 
 def spec_digest(spec: ExperimentSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = spec.model_dump(mode="json")
+    # Fields added by the sweep axes, left out while unused: specs written before them keep their campaign ids.
+    if not data["layouts"]:
+        del data["layouts"]
+    for variant in data["variants"]:
+        for axis in ("sampling", "layout"):
+            if variant[axis] is None:
+                del variant[axis]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -161,11 +181,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
             captures: tuple[str, ...] = ()
             # The gate judges each speculative variant's first repeat against plain; every plain launch is
             # captured, since each one beyond the first is a cross-deployment control.
-            if (
-                spec.capture.enabled
-                and (variant.method == "none" or repeat == 0)
-                and not lossy_by_design(variant)
-            ):
+            if spec.capture.enabled and (variant.method == "none" or repeat == 0) and gated(spec, variant):
                 captures = (ids.capture_id(name, repeat),)
                 if variant.method == "none" and repeat == 0:
                     captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control
@@ -199,5 +215,5 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
         orders=tuple(orders),
         deployments=tuple(deployments),
         corpora=corpora,
-        gate=gate_plan(spec.plain, tuple(deployments)) if spec.capture.enabled else None,
+        gate=gate_plan(spec, tuple(deployments)) if spec.capture.enabled else None,
     )

@@ -70,6 +70,46 @@ class TargetSpec(Strict):
         return None if value is None else _safe_name(value, "served_model_name")
 
 
+class Sampling(Strict):
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int | None = Field(default=None, description="None or -1: off.")
+    seed: int | None = 0
+    max_tokens: int | None = Field(default=None, gt=0, description="Override every prompt's max_tokens.")
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def label(self) -> str:
+        """A short, readable name: `greedy`, or the settings that differ from vLLM's defaults."""
+        if self.greedy:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_p < 1.0:
+            parts.append(f"top_p={self.top_p:g}")
+        if self.top_k not in (None, -1):
+            parts.append(f"top_k={self.top_k}")
+        return " ".join(parts)
+
+
+class Layout(Strict):
+    """How the target is spread over GPUs (one entry of a campaign's `layouts`)."""
+
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    data_parallel_size: int = Field(default=1, gt=0)
+
+    @property
+    def tag(self) -> str:
+        return f"tp{self.tensor_parallel_size}dp{self.data_parallel_size}"
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+
 class Variant(Strict):
     """One way of serving the target: plain, or one speculative method at one depth.
 
@@ -102,6 +142,16 @@ class Variant(Strict):
         "`specgauge recommend` writes one.",
     )
     extra_args: tuple[str, ...] = ()
+    sampling: Sampling | None = Field(
+        default=None,
+        description="This variant's sampling; default the campaign's. A campaign's `sampling` list sets it on "
+        "a copy of every variant (each with its own plain baseline).",
+    )
+    layout: Layout | None = Field(
+        default=None,
+        description="This variant's tensor/data parallel sizes; default the campaign's first `layouts` entry, "
+        "else the target's. A campaign's `layouts` list sets it on a copy of every variant.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -165,6 +215,12 @@ class Variant(Strict):
     @property
     def speculative(self) -> bool:
         return self.method != "none"
+
+    @property
+    def setting_label(self) -> str:
+        """The sampling and layout it pins, for people ('' when it takes the campaign's)."""
+        parts = [self.sampling.label if self.sampling else "", self.layout.tag if self.layout else ""]
+        return " ".join(p for p in parts if p)
 
     @property
     def drafter(self) -> str | None:
@@ -261,19 +317,6 @@ class LoadSpec(Strict):
         if not self.concurrencies and not self.rates:
             raise ValueError("give at least one of concurrencies or rates")
         return self
-
-
-class Sampling(Strict):
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int | None = Field(default=None, description="None or -1: off.")
-    seed: int | None = 0
-    max_tokens: int | None = Field(default=None, gt=0, description="Override every prompt's max_tokens.")
-    ignore_eos: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 class CaptureSpec(Strict):
@@ -469,6 +512,107 @@ def expand_depths(variants: Any) -> tuple[Any, list[int]]:
     return out, origin
 
 
+class SweptSampling(Sampling):
+    """One entry of a campaign's `sampling` list: a sampling and the tag its variants' names get."""
+
+    name: str | None = Field(default=None, description="Tag in variant names; default s<index>.")
+
+    @field_validator("name")
+    @classmethod
+    def safe_tag(cls, value: str | None) -> str | None:
+        return None if value is None else _safe_name(value, "sampling name")
+
+
+class _Sweeps(Strict):
+    """The campaign-level axes, validated on their own so that their errors point at their own lines."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    sampling: tuple[SweptSampling, ...] = ()
+    layouts: tuple[Layout, ...] = ()
+
+
+def settings_of(data: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+    """The campaign's (tag, sampling, layout) settings: every combination of its `sampling` list and its
+    `layouts` (one setting, untagged, when neither is a list of more than one)."""
+    samplings: list[tuple[str, dict[str, Any] | None]] = [("", None)]
+    raw = data.get("sampling")
+    if isinstance(raw, list | tuple) and len(raw) > 1:
+        samplings = []
+        for i, entry in enumerate(raw):
+            entry = dict(entry)
+            samplings.append((str(entry.pop("name", None) or f"s{i}"), entry))
+    layouts: list[tuple[str, dict[str, Any] | None]] = [("", None)]
+    raw_layouts = data.get("layouts") or []
+    if len(raw_layouts) > 1:
+        layouts = [(Layout.model_validate(entry).tag, dict(entry)) for entry in raw_layouts]
+    return [
+        ("-".join(t for t in (s_tag, l_tag) if t), sampling, layout)
+        for s_tag, sampling in samplings
+        for l_tag, layout in layouts
+    ]
+
+
+def expand_variants(data: Any) -> tuple[Any, list[int]]:
+    """The spec's variants with every axis expanded: depth lists per variant (expand_depths), then one copy of
+    each variant per campaign setting (sampling list x layouts), named `<name>-<sampling tag>-<layout tag>`,
+    each setting with its own plain baseline. A variant that names its own sampling or layout is kept once, as
+    written (so a spec written back from its expansion expands to itself). Returns the variants and the
+    index of the spec entry each came from."""
+    if not isinstance(data, dict):
+        return data, []
+    variants, origin = expand_depths(data.get("variants"))
+    settings = settings_of(data)
+    if len(settings) == 1 or not isinstance(variants, list):
+        return variants, origin
+    out: list[Any] = []
+    out_origin: list[int] = []
+    for tag, sampling, layout in settings:
+        for item, index in zip(variants, origin, strict=True):
+            if not isinstance(item, dict):
+                out.append(item)
+                out_origin.append(index)
+                continue
+            if item.get("sampling") is not None or item.get("layout") is not None:
+                if tag == settings[0][0]:  # pinned: kept once, as written
+                    out.append(item)
+                    out_origin.append(index)
+                continue
+            copy = {**item, "name": f"{item.get('name')}-{tag}"}
+            if sampling is not None:
+                copy["sampling"] = sampling
+            if layout is not None:
+                copy["layout"] = layout
+            out.append(copy)
+            out_origin.append(index)
+    return out, out_origin
+
+
+def _expanded(data: Any) -> Any:
+    """The spec data with its axes expanded: variants, the campaign's sampling (the first of a list, the
+    default of variants that do not set their own) and the profiled variant (the first copy of the one named)."""
+    if not isinstance(data, dict):
+        return data
+    try:
+        variants, _ = expand_variants(data)
+    except ValueError:
+        return data  # the variants' own check reports it, where it is
+    out = {**data, "variants": variants}
+    raw = data.get("sampling")
+    if isinstance(raw, list | tuple):
+        first = dict(raw[0]) if raw else {}
+        first.pop("name", None)
+        out["sampling"] = first
+    profile = data.get("profile")
+    if isinstance(profile, dict) and isinstance(variants, list):
+        names = [v.get("name") for v in variants if isinstance(v, dict)]
+        wanted = profile.get("variant")
+        if wanted not in names:
+            copy = next((n for n in names if isinstance(n, str) and n.startswith(f"{wanted}-")), None)
+            if copy is not None:
+                out["profile"] = {**profile, "variant": copy}
+    return out
+
+
 class ExperimentSpec(Strict):
     name: str
     description: str = ""
@@ -476,7 +620,16 @@ class ExperimentSpec(Strict):
     variants: tuple[Variant, ...] = Field(min_length=1)
     workloads: tuple[WorkloadRef, ...] = Field(min_length=1)
     load: LoadSpec
-    sampling: Sampling = Sampling()
+    sampling: Sampling = Field(
+        default=Sampling(),
+        description="The sampling of every variant; a list sweeps it: each entry (with an optional `name`, its "
+        "tag in variant names) gets a copy of every variant, plain included.",
+    )
+    layouts: tuple[Layout, ...] = Field(
+        default=(),
+        description="Tensor/data parallel layouts to sweep (they override the target's sizes); more than one "
+        "gives each a copy of every variant, plain included. SLURM GPUs per node follow from them.",
+    )
     repeats: int = Field(default=1, gt=0, description="Independently launched deployments per variant.")
     capture: CaptureSpec = CaptureSpec()
     slo: SLO = SLO()
@@ -491,10 +644,23 @@ class ExperimentSpec(Strict):
     def safe(cls, value: str) -> str:
         return _safe_name(value, "experiment name")
 
+    @model_validator(mode="before")
+    @classmethod
+    def sweep_axes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("layouts") and isinstance(data.get("target"), dict):
+            target = data["target"]
+            fixed = [f for f in ("tensor_parallel_size", "data_parallel_size") if target.get(f, 1) != 1]
+            if fixed:
+                raise ValueError(
+                    f"give the parallel sizes in layouts or in target, not both (target sets {', '.join(fixed)})"
+                )
+        return _expanded(data)
+
     @field_validator("variants", mode="before")
     @classmethod
-    def depth_axes(cls, value: Any) -> Any:
-        return expand_depths(value)[0]
+    def depth_lists(cls, value: Any) -> Any:
+        expand_depths(value)  # raises on an empty list (such a spec reaches here unexpanded)
+        return value
 
     @model_validator(mode="after")
     def synthetic_needs_its_overlay(self) -> ExperimentSpec:
@@ -515,6 +681,13 @@ class ExperimentSpec(Strict):
             raise ValueError(f"variant names must be unique: {', '.join(dupes)}")
         if not any(v.method == "none" for v in self.variants):
             raise ValueError("needs a plain variant (method: none): every speedup is taken against it")
+        plain_settings = {self.setting_of(v) for v in self.variants if v.method == "none"}
+        unpaired = [v.name for v in self.variants if self.setting_of(v) not in plain_settings]
+        if unpaired:
+            raise ValueError(
+                f"variants {', '.join(unpaired)} have no plain variant with their sampling and layout: every "
+                "speedup is taken against plain served the same way"
+            )
         if self.profile is not None:
             profiled = next((v for v in self.variants if v.name == self.profile.variant), None)
             if profiled is None:
@@ -529,7 +702,39 @@ class ExperimentSpec(Strict):
 
     @property
     def plain(self) -> Variant:
+        """The reference plain variant: the first (of the campaign's first sampling and layout)."""
         return next(v for v in self.variants if v.method == "none")
+
+    def sampling_of(self, variant: Variant) -> Sampling:
+        return variant.sampling or self.sampling
+
+    def layout_of(self, variant: Variant) -> Layout:
+        if variant.layout is not None:
+            return variant.layout
+        if self.layouts:
+            return self.layouts[0]
+        return Layout(
+            tensor_parallel_size=self.target.tensor_parallel_size,
+            data_parallel_size=self.target.data_parallel_size,
+        )
+
+    def setting_of(self, variant: Variant) -> tuple[Sampling, Layout]:
+        """What must match for two variants to be compared: their sampling and their layout."""
+        return self.sampling_of(variant), self.layout_of(variant)
+
+    def target_of(self, variant: Variant) -> TargetSpec:
+        """The target as this variant serves it: with its layout's parallel sizes."""
+        layout = self.layout_of(variant)
+        return self.target.model_copy(
+            update={
+                "tensor_parallel_size": layout.tensor_parallel_size,
+                "data_parallel_size": layout.data_parallel_size,
+            }
+        )
+
+    def reference_setting(self, variant: Variant) -> bool:
+        """Served like the reference plain variant: the correctness gate compares only such variants."""
+        return self.setting_of(variant) == self.setting_of(self.plain)
 
 
 Location = tuple[int | str, ...]
@@ -601,12 +806,16 @@ def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | N
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
+        sweeps: dict[str, Any] = {"layouts": data.get("layouts") or ()}
+        if isinstance(data.get("sampling"), list | tuple):
+            sweeps["sampling"] = data["sampling"]
+        _Sweeps.model_validate(sweeps)
         return ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
         try:
-            _, origin = expand_depths(data.get("variants"))
-        except ValueError:
+            _, origin = expand_variants(data)
+        except (ValueError, ValidationError):
             origin = []
         problems = []
         for err in errors:
@@ -621,7 +830,7 @@ def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | N
             line = _line_of(err["loc"], lines or {})
             where = f"{source}:{line}" if line is not None else source
             problems.append(f"{where}: {_field_path(err['loc'])}: {msg}")
-        raise SpecError("\n".join(problems)) from None
+        raise SpecError("\n".join(dict.fromkeys(problems))) from None  # a copy of a bad entry: once
 
 
 def load_spec(path: Path | str) -> ExperimentSpec:

@@ -62,7 +62,7 @@ def launch_until_ready(
     """Launch and wait until ready. A launch that dies (transient) is torn down and retried with a new id."""
     launch_id = state.next_launch_id(directory, slot.deployment_id)
     deployment = launcher.launch(
-        spec.target,
+        spec.target_of(slot.variant),
         slot.variant,
         deployment_id=launch_id,
         directory=layout.deployment_dir(directory, launch_id),
@@ -100,7 +100,7 @@ def cell_task(
         campaign_id=campaign_id,
         repeat=slot.repeat,
         corpus=corpus,
-        sampling=spec.sampling,
+        sampling=spec.sampling_of(slot.variant),
         load=spec.load,
         slo=spec.slo,
         cells_dir=state.cells_dir(directory),
@@ -125,7 +125,7 @@ def capture_task(
     return capture(
         deployment,
         corpus,
-        sampling=spec.sampling,
+        sampling=spec.sampling_of(deployment.variant),
         max_tokens=spec.capture.max_tokens,
         limit=spec.capture.limit,
         raw_campaign_dir=directory,

@@ -234,3 +234,88 @@ def test_each_cell_runs_and_records_its_own_request_count() -> None:
         load_plan(CellPlan(f"p.r0.code.c{c}", "code", "closed", c, None, "w.jsonl"), load, 0) for c in (2, 16)
     ]
     assert [(p.requests, p.warmup) for p in plans] == [(32, 2), (64, 16)]
+
+
+def sweep(**changes) -> dict:
+    data = demo()
+    data["sampling"] = [
+        {"name": "greedy", "temperature": 0.0, "seed": 0},
+        {"name": "topk5", "temperature": 1.0, "top_k": 5, "seed": 0},
+    ]
+    data["layouts"] = [{"tensor_parallel_size": 2}, {"data_parallel_size": 2}]
+    return {**data, **changes}
+
+
+def test_sampling_and_layout_lists_give_each_setting_a_copy_of_every_variant_and_its_own_plain() -> None:
+    from experiments.plan import plan_campaign
+    from tasks.launch.command import served_name, vllm_args
+
+    spec = parse_spec(sweep())
+    base = [v["name"] for v in demo()["variants"]]
+    settings = ("greedy-tp2dp1", "greedy-tp1dp2", "topk5-tp2dp1", "topk5-tp1dp2")
+    assert [v.name for v in spec.variants] == [f"{n}-{s}" for s in settings for n in base]
+    assert spec.plain.name == "plain-greedy-tp2dp1" and spec.sampling.greedy  # the first setting's
+    for setting in settings:
+        plain = next(v for v in spec.variants if v.name == f"plain-{setting}")
+        for name in base:
+            variant = next(v for v in spec.variants if v.name == f"{name}-{setting}")
+            assert spec.setting_of(variant) == spec.setting_of(plain)
+    topk = next(v for v in spec.variants if v.name == "draft-k3-topk5-tp1dp2")
+    assert spec.sampling_of(topk).top_k == 5 and topk.setting_label == "T=1 top_k=5 tp1dp2"
+    args = vllm_args(
+        spec.target_of(topk), topk, served_model_name=served_name(spec.target, topk), host="h", port=1
+    )
+    assert "--data-parallel-size" in args and "--tensor-parallel-size" not in args
+    # the gate compares greedy outputs of the reference setting only: nothing else is captured
+    plan = plan_campaign(spec)
+    captured = {d.variant.name for d in plan.deployments if d.captures}
+    assert captured == {f"{n}-greedy-tp2dp1" for n in base}
+    assert plan.gate is not None and {t for t, _ in plan.gate.treatments} == captured - {
+        "plain-greedy-tp2dp1"
+    }
+    # written back (campaign.json holds the expanded spec), a spec expands to itself
+    assert parse_spec(spec.model_dump(mode="json")) == spec
+
+
+def test_sweep_errors_name_their_entry_and_line(tmp_path: Path) -> None:
+    data = sweep()
+    data["sampling"][1]["temprature"] = 1.0
+    data["layouts"][1]["data_parallel_size"] = 0
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    lines = spec_file.read_text().splitlines()
+    with pytest.raises(SpecError) as bad_file:
+        load_spec(spec_file)
+    message = str(bad_file.value)
+    sampling_line = next(i for i, line in enumerate(lines, 1) if "temprature" in line)
+    layout_line = next(i for i, line in enumerate(lines, 1) if "data_parallel_size: 0" in line)
+    assert f"{spec_file}:{sampling_line}: sampling[1].temprature: unknown field" in message
+    assert f"{spec_file}:{layout_line}: layouts[1].data_parallel_size:" in message
+
+    with pytest.raises(SpecError, match="in layouts or in target, not both"):
+        parse_spec(sweep(target={**demo()["target"], "tensor_parallel_size": 4}))
+    lonely = demo()
+    lonely["variants"].append({"name": "hot", "method": "ngram", "k": 2, "sampling": {"temperature": 0.8}})
+    with pytest.raises(SpecError, match="hot have no plain variant with their sampling and layout"):
+        parse_spec(lonely)
+
+
+def test_slurm_asks_for_the_gpus_of_each_layout() -> None:
+    from tasks.launch.config import ClusterConfig
+    from tasks.launch.slurm_script import with_layout_gpus
+
+    spec = parse_spec(
+        sweep(
+            sampling={"temperature": 0.0}, layouts=[{"tensor_parallel_size": 2, "data_parallel_size": 2}, {}]
+        )
+    )
+    cluster = ClusterConfig.model_validate({"name": "c", "gpus_per_node": 4})
+    gpus = {v.name: with_layout_gpus(cluster, spec.target_of(v)).gpus_per_node for v in spec.variants}
+    assert gpus["plain-tp2dp2"] == 4 and gpus["draft-k3-tp2dp2"] == 4
+    assert gpus["plain-tp1dp1"] == 4  # a one-GPU target keeps the cluster's own setting
+    assert (
+        with_layout_gpus(
+            ClusterConfig.model_validate({"name": "c"}), spec.target_of(spec.plain)
+        ).gpus_per_node
+        == 4
+    )

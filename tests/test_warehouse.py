@@ -11,8 +11,9 @@ import duckdb
 import pandera.polars as pa
 import polars as pl
 import pytest
-from warehouse_fixtures import DATA_TABLES, REPO, RawBuilder, make_spec
+from warehouse_fixtures import DATA_TABLES, REPO, RawBuilder, VariantProfile, make_spec
 
+from experiments.spec import parse_spec
 from tasks.drafters.provenance import drafter_digest
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
@@ -425,6 +426,48 @@ def test_v_speedup_pairs_each_speculative_cell_with_its_plain_baseline(
         # the synthetic draft model decodes 20 ms -> 12 ms per token: clearly faster per token
         if variant == "draft-k3":
             assert tpot50 > 1.4
+
+
+def test_v_speedup_pairs_each_sampling_and_layout_with_its_own_plain(tmp_path: Path) -> None:
+    """A sweep over two samplings and two layouts: every speculative cell pairs with exactly one plain cell,
+    the plain served with its sampling and layout, never another setting's (even where that is faster)."""
+    spec = parse_spec(
+        {
+            **make_spec().model_dump(mode="json", exclude={"variants", "sampling", "layouts"}),
+            "variants": [
+                {"name": "plain", "method": "none"},
+                {"name": "draft", "method": "draft_model", "k": 3, "draft_model": "models/tiny-draft"},
+            ],
+            "sampling": [
+                {"name": "greedy", "temperature": 0.0},
+                {"name": "topk5", "temperature": 1.0, "top_k": 5},
+            ],
+            "layouts": [{"tensor_parallel_size": 1}, {"tensor_parallel_size": 2}],
+        }
+    )
+    settings = ("greedy-tp1dp1", "greedy-tp2dp1", "topk5-tp1dp1", "topk5-tp2dp1")
+    assert {v.name for v in spec.variants} == {f"{n}-{s}" for n in ("plain", "draft") for s in settings}
+    # each setting's plain decodes at its own speed, so a wrong pairing shows in the speedup too
+    profiles = {
+        f"plain-{s}": VariantProfile(ttft_s=0.05, tpot_s=0.010 * (i + 1), tokens_per_chunk=1.0)
+        for i, s in enumerate(settings)
+    } | {
+        f"draft-{s}": VariantProfile(ttft_s=0.05, tpot_s=0.008, tokens_per_chunk=2.0, acceptance_rate=0.5)
+        for s in settings
+    }
+    builder = RawBuilder(tmp_path / "raw", spec=spec, profiles=profiles)
+    builder.write_all(captures=False)
+    db = tmp_path / "w.duckdb"
+    assert ingest_raw(tmp_path / "raw", db).ok
+
+    pairs = rows(db, "SELECT cell_id, variant, baseline_variant FROM v_speedup ORDER BY cell_id")
+    speculative_cells = rows(db, "SELECT count(*) FROM v_cells WHERE method <> 'none'")[0][0]
+    assert len(pairs) == speculative_cells == len(settings) * len(spec.load.concurrencies)
+    assert len({cell for cell, _, _ in pairs}) == len(pairs)  # one baseline per cell
+    for _, variant, baseline in pairs:
+        assert baseline == variant.replace("draft-", "plain-", 1)
+    keys = rows(db, "SELECT count(DISTINCT sampling_key), count(DISTINCT engine_key) FROM v_cells")
+    assert keys == [(2, 2)]
 
 
 def test_v_speedup_never_pairs_across_sampling_or_campaigns(tmp_path: Path) -> None:

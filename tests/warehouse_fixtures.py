@@ -172,7 +172,7 @@ class RawBuilder:
             "-m",
             "vllm.entrypoints.openai.api_server",
             *vllm_args(
-                self.spec.target,
+                self.spec.target_of(variant),
                 variant,
                 served_model_name=served_name(self.spec.target, variant),
                 host="127.0.0.1",
@@ -479,7 +479,7 @@ class RawBuilder:
                 "request_timeout_s": load.request_timeout_s,
                 "seed": self.spec.seed,
             },
-            "sampling": self.spec.sampling.model_dump(mode="json"),
+            "sampling": self.spec.sampling_of(slot.variant).model_dump(mode="json"),
             "endpoint": "chat",
             "deployment": deployment.to_json(),
             "tool": {"specgauge_version": "0.1.0", "git_revision": "synthetic"},

@@ -22,7 +22,7 @@ from tasks.launch.command import served_name, vllm_args
 from tasks.launch.config import SAFE_NAME
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, submit
-from tasks.launch.slurm_script import render_prefix, render_script
+from tasks.launch.slurm_script import render_prefix, render_script, with_layout_gpus
 from tasks.launch.ssh import Shell, quote
 
 # What the batch script prints on the node before it starts the engine (templates/vllm.sbatch).
@@ -97,7 +97,7 @@ class SlurmLauncher(ClusterJobLauncher):
             deployment_id=deployment_id,
             job_name=job_name,
             run_dir=run_dir,
-            cluster=self.cluster,
+            cluster=with_layout_gpus(self.cluster, target),
             engine_command=command,
             env={"PYTHONUNBUFFERED": "1", **self.cluster.env, **target.env},
             launch_prefix=prefix,

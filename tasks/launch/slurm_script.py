@@ -9,6 +9,7 @@ import string
 import tomllib
 from pathlib import Path
 
+from experiments.spec import TargetSpec
 from specgauge.errors import InputError
 from tasks.launch.config import ENV_NAME, SAFE_PATH, ClusterConfig
 from tasks.launch.ssh import quote
@@ -26,6 +27,15 @@ def render_prefix(template: str, *, mounts: list[str], environment: str | None) 
             continue
         words.append(word.format(mounts=",".join(mounts), environment=environment or ""))
     return " ".join(shlex.quote(w) for w in words)
+
+
+def with_layout_gpus(cluster: ClusterConfig, target: TargetSpec) -> ClusterConfig:
+    """The cluster settings for one deployment: a target spread over several GPUs (tensor x data parallel,
+    e.g. a layout of a sweep) asks for that many per node; a single-GPU target keeps the cluster's own."""
+    gpus = target.tensor_parallel_size * target.data_parallel_size
+    if gpus <= 1 or gpus == cluster.gpus_per_node:
+        return cluster
+    return cluster.model_copy(update={"gpus_per_node": gpus})
 
 
 def render_script(

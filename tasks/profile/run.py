@@ -86,7 +86,7 @@ def profile_variant(
     launcher = launcher_for(spec)
     with deployed(
         launcher,
-        spec.target,
+        spec.target_of(variant),
         profiled_variant(variant, trace_dir),
         deployment_id=deployment_id,
         directory=directory,
@@ -101,7 +101,7 @@ def profile_variant(
             raw_dir=raw,
             trace_dir=trace_dir,
             plan=plan,
-            sampling=spec.sampling,
+            sampling=spec.sampling_of(variant),
             workload=WorkloadInfo(file=file, sha256=corpus.sha256, stratum=stratum),
             profile_id=profile_id_for(variant.name, stratum, plan.concurrency, stamp),
         )
