@@ -26,8 +26,8 @@ def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
     rule: message` before anything is launched. Local launcher only where a check reads files or the engine."""
     from specgauge.settings import get_settings
 
-    target_tp = spec.target.tensor_parallel_size
     for i, variant in enumerate(spec.variants):
+        target_tp = spec.layout_of(variant).tensor_parallel_size  # the layout it is served with
         draft_tp = variant.draft_tensor_parallel_size
         if draft_tp is not None and draft_tp not in (1, target_tp):  # vllm/config/speculative.py
             raise SpecError(
