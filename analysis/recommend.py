@@ -59,13 +59,23 @@ class Recommendation:
     config: dict[str, Any] | None  # --speculative-config; None: speculation off at every load
     caveats: list[str] = field(default_factory=list)
 
+    def deployable_config(self) -> dict[str, Any] | None:
+        """The config as vLLM takes it here: a drafter the spec names relative to the repository (the embedded
+        engine's models) as an absolute path, since vLLM reads any other relative path as a hub id."""
+        if self.config is None or "model" not in self.config:
+            return self.config
+        from experiments.plan import resolve_repo_path
+
+        drafter = resolve_repo_path(str(self.config["model"]))
+        return {**self.config, "model": str(drafter)} if drafter.exists() else self.config
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "family": self.family,
             "method": self.method,
             "workload": self.workload,
             "schedule": self.schedule,
-            "speculative_config": self.config,
+            "speculative_config": self.deployable_config(),
             "evidence": [choice.__dict__ for choice in self.choices],
             "caveats": self.caveats,
         }

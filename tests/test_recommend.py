@@ -204,3 +204,72 @@ def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Pa
     assert write_verification_spec(None, "chat", surface_db) == path and path.read_text() == first
     with pytest.raises(InputError, match="no recommendation to verify on workload 'code'"):
         write_verification_spec(None, "code", surface_db)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+def test_the_printed_config_launches_and_runs_its_schedule_on_the_engine(
+    surface_db: Path, engine_lock: None, tmp_path: Path
+) -> None:
+    """`specgauge recommend --json`'s config, passed to the engine as printed: it serves, drafts k=4 alone
+    and turns speculation off at batch 9 and above."""
+    from experiments.plan import CellPlan
+    from experiments.spec import SLO, LoadSpec, LocalLaunchSpec, Sampling, TargetSpec
+    from tasks.cell import run_cell
+    from tasks.health import wait_ready
+    from tasks.launch.local import LocalLauncher
+    from workloads.schema import load_corpus
+
+    printed = CliRunner().invoke(app, ["recommend", "--db", str(surface_db), "--json"])
+    assert printed.exit_code == 0, printed.output
+    (rec,) = json.loads(printed.output)
+    config = rec["speculative_config"]
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 8, 2], [9, 256, 0]]
+    target = TargetSpec(model=str(REPO / "models" / "tiny-target"), served_model_name="tiny")
+    variant = Variant(
+        name="printed",
+        method=config["method"],
+        k=config["num_speculative_tokens"],
+        draft_model=config["model"],
+        k_schedule=config["num_speculative_tokens_per_batch_size"],
+    )
+    assert variant.speculative_config() == config  # the engine gets exactly the printed JSON
+    assert Path(config["model"]).is_absolute()  # a repo-relative drafter would read as a hub id
+    launcher = LocalLauncher(LocalLaunchSpec(compilation="eager"))  # no compile: the start is not measured
+    deployment = launcher.launch(target, variant, deployment_id="printed.r0", directory=tmp_path / "dep")
+    corpus = load_corpus(REPO / "workloads" / "smoke.jsonl")
+
+    def cell(concurrency: int, requests: int):
+        return run_cell(
+            deployment,
+            CellPlan(
+                f"printed.r0.code.c{concurrency}",
+                "code",
+                "closed",
+                concurrency,
+                None,
+                "workloads/smoke.jsonl",
+            ),
+            campaign_id="printed",
+            repeat=0,
+            corpus=corpus,
+            sampling=Sampling(max_tokens=32, ignore_eos=True),
+            load=LoadSpec(concurrencies=(concurrency,), requests=requests, warmup=0, request_timeout_s=300),
+            slo=SLO(),
+            cells_dir=tmp_path / "cells",
+        )
+
+    try:
+        wait_ready(deployment, launcher, timeout_s=600)
+        alone, crowded = cell(1, 4), cell(12, 36)
+    finally:
+        launcher.teardown(deployment)
+    assert alone.status == "ok" and crowded.status == "ok", (alone.summary.error, crowded.summary.error)
+    drafted_alone, drafted_crowded = alone.summary.speculation, crowded.summary.speculation
+    assert drafted_alone is not None and drafted_crowded is not None
+    # batch 1: every step drafts 4 tokens
+    assert drafted_alone.drafts and drafted_alone.draft_tokens == 4 * drafted_alone.drafts
+    # batch 12 (only the ramp and the tail run below 9): far fewer draft tokens per generated token
+    per_token_alone = drafted_alone.draft_tokens / alone.summary.completion_tokens
+    per_token_crowded = (drafted_crowded.draft_tokens or 0) / crowded.summary.completion_tokens
+    assert per_token_crowded < 0.5 * per_token_alone, (per_token_alone, per_token_crowded)

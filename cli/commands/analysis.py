@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
             if r.config is None:
                 console.print("speculative config: none (speculation does not pay at any measured load)")
             else:
-                console.print(f"--speculative-config '{json.dumps(r.config)}'", markup=False)
+                console.print(f"--speculative-config '{json.dumps(r.deployable_config())}'", markup=False)
         if not found:
             console.print(f"nothing to recommend from in {data.campaign_id}: no closed-loop speedups")
             raise typer.Exit(1)
