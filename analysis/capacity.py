@@ -212,3 +212,98 @@ def q5_statement(data: CampaignData, table: pl.DataFrame) -> str:
         "allows is below: the highest concurrency at which every repeat meets the p99 SLOs, with the goodput "
         "and achieved request rate there."
     )
+
+
+# -- capacity searches (tasks/capacity.py): the capacity under the limits, with the confidence of each point ---
+SEARCH_SCHEMA = {
+    "variant": pl.String,
+    "method": pl.String,
+    "k": pl.Int32,
+    "workload": pl.String,
+    "repeats": pl.Int32,
+    "capacity_rps": pl.Float64,  # mean over repeats
+    "capacity_low_rps": pl.Float64,  # the lowest repeat's capacity
+    "capacity_high_rps": pl.Float64,  # the highest repeat's first failing rate (null: never failed)
+    "plain_variant": pl.String,
+    "ratio_vs_plain": pl.Float64,
+    "ratio_low": pl.Float64,
+    "ratio_high": pl.Float64,
+    "points": pl.Int32,
+    "converged": pl.Boolean,
+    "confidence": pl.String,
+    "verdict": pl.String,
+}
+
+
+def search_table(data: CampaignData) -> pl.DataFrame:
+    """Per searched variant and workload, over repeats: the capacity (each repeat's highest rate that met the
+    p99 limits with its stated confidence), the range the true capacity lies in (from the lowest repeat's
+    capacity to the highest repeat's first failing rate), and its ratio to plain's (same sampling and layout)
+    with the interval those ranges give: [low / plain's high, high / plain's low]."""
+    if data.searches.is_empty():
+        return pl.DataFrame(schema=SEARCH_SCHEMA)
+    per = (
+        data.searches.group_by("variant", "method", "k", "workload", maintain_order=True)
+        .agg(
+            pl.len().alias("repeats"),
+            pl.col("capacity_rps").mean().alias("capacity_rps"),
+            pl.col("capacity_rps").min().alias("capacity_low_rps"),
+            pl.when(pl.col("first_failing_rps").is_null().any())
+            .then(None)
+            .otherwise(pl.col("first_failing_rps").max())
+            .alias("capacity_high_rps"),
+            pl.col("capacity_rps").is_null().any().alias("some_none"),
+            pl.col("n_points").sum().alias("points"),
+            pl.col("converged").all().alias("converged"),
+            pl.col("quantile").first(),
+            pl.col("confidence").first(),
+            pl.col("requests_per_point").min().alias("requests"),
+        )
+        .to_dicts()
+    )
+    plains = {(data.setting_of(r["variant"]), r["workload"]): r for r in per if r["method"] == "none"}
+    rows = []
+    for r in per:
+        plain = plains.get((data.setting_of(r["variant"]), r["workload"]))
+        ratio = low = high = None
+        if plain is not None and r["method"] != "none" and plain["capacity_rps"] and r["capacity_rps"]:
+            ratio = r["capacity_rps"] / plain["capacity_rps"]
+            if plain["capacity_high_rps"] and r["capacity_low_rps"]:
+                low = r["capacity_low_rps"] / plain["capacity_high_rps"]
+            if r["capacity_high_rps"] and plain["capacity_low_rps"]:
+                high = r["capacity_high_rps"] / plain["capacity_low_rps"]
+        confidence = (
+            f"p{r['quantile'] * 100:g} within the limits at {r['confidence']:.0%} confidence per point "
+            f"({r['requests']} requests a point)"
+        )
+        if r["capacity_rps"] is None or r["some_none"]:
+            verdict = "met the limits at no measured rate (in some repeat)"
+        elif r["method"] == "none":
+            verdict = f"baseline: {r['capacity_rps']:.3g} req/s"
+        elif ratio is None:
+            verdict = "no plain capacity to compare with"
+        elif low is not None and low > 1:
+            verdict = f"raises capacity {ratio:.2f}x (interval above 1)"
+        elif high is not None and high < 1:
+            verdict = f"lowers capacity to {ratio:.2f}x plain's (interval below 1)"
+        else:
+            verdict = f"{ratio:.2f}x plain's capacity, not separated from it"
+        if not r["converged"]:
+            verdict += "; a search did not close its bracket (see stopped_because)"
+        rows.append(
+            {
+                **{k: r[k] for k in ("variant", "method", "k", "workload", "repeats", "points", "converged")},
+                "capacity_rps": r["capacity_rps"],
+                "capacity_low_rps": r["capacity_low_rps"],
+                "capacity_high_rps": r["capacity_high_rps"],
+                "plain_variant": plain["variant"] if plain else None,
+                "ratio_vs_plain": ratio,
+                "ratio_low": low,
+                "ratio_high": high,
+                "confidence": confidence,
+                "verdict": verdict,
+            }
+        )
+    return pl.DataFrame(rows, schema=SEARCH_SCHEMA).sort(
+        "workload", pl.col("method") != "none", "method", "k", "variant", nulls_last=True
+    )

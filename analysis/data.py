@@ -59,6 +59,7 @@ class CampaignData:
     deployments: pl.DataFrame
     waste: pl.DataFrame  # v_profile_waste, latest window per key (may be empty)
     notes: list[str] = field(default_factory=list)
+    searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity_searches (may be empty)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -191,6 +192,11 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         if _has_relation(con, "v_profile_waste")
         else pl.DataFrame()
     )
+    searches = (
+        _frame(con, "SELECT * FROM capacity_searches WHERE campaign_id = ? ORDER BY search_id", [cid])
+        if _has_relation(con, "capacity_searches")
+        else pl.DataFrame()
+    )
     return CampaignData(
         campaign_id=cid,
         campaign=campaign,
@@ -202,6 +208,7 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         gates=gates,
         deployments=deployments,
         waste=waste,
+        searches=searches,
     )
 
 

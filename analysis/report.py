@@ -222,6 +222,45 @@ def _interval_col(header: str) -> Column:
     )
 
 
+def search_html(searches: pl.DataFrame) -> str:
+    """The capacity searches (tasks/capacity.py), when the spec had `capacity`."""
+    if searches.is_empty():
+        return ""
+    return (
+        "<h3>Capacity search</h3>"
+        '<p class="note">Each deployment\'s highest open-loop rate at which the p99 TTFT and TPOT limits were met, '
+        "judged per point by an order-statistic confidence bound (a ramp, then a bisection on the rate). The range "
+        "runs from the lowest repeat's capacity to the highest repeat's first failing rate; the ratio's interval is "
+        "the speculative range over plain's (same sampling and layout). The points are the open-loop cells of "
+        "the curves above.</p>"
+        + html_table(
+            searches,
+            [
+                col("variant"),
+                col("workload"),
+                col("repeats"),
+                col("capacity_rps", "capacity req/s", fmt_num()),
+                Column(
+                    "range req/s",
+                    lambda r: fmt_interval(
+                        r["capacity_rps"], r["capacity_low_rps"], r["capacity_high_rps"], "–"
+                    ),
+                ),
+                Column(
+                    "x plain",
+                    lambda r: fmt_interval(
+                        r["ratio_vs_plain"], r["ratio_low"], r["ratio_high"], "no interval"
+                    ),
+                ),
+                col("points"),
+                col("confidence"),
+                col("verdict"),
+            ],
+            empty="no searches",
+        )
+    )
+
+
 def recommendation_section(recommendations: list) -> Section:
     """Which depth at which load (analysis.recommend): per drafter and workload, the schedule, the evidence
     behind each range and the --speculative-config to deploy."""
@@ -564,7 +603,8 @@ def campaign_sections(
                 ],
                 empty="no capacity rows",
             )
-            + chart(f"capacity_{mode}", "no capacity data"),
+            + chart(f"capacity_{mode}", "no capacity data")
+            + search_html(results.searches),
         )
     )
 

@@ -25,7 +25,7 @@ import polars as pl
 from analysis import charts as ch
 from analysis.acceptance import acceptance_fits, per_position
 from analysis.breakeven import break_even_table
-from analysis.capacity import capacity_table, has_rate_sweep
+from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table
 from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
@@ -66,6 +66,7 @@ class Results:
     notes: list[str] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)  # report only, not stored
     break_even: pl.DataFrame = field(default_factory=pl.DataFrame)  # synthetic runs; report only
+    searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity searches; report only
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
@@ -91,6 +92,7 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
         recommendations=recommend(data, settings, speedups=speedup),
     )
     results.break_even = break_even_table(data, speedup, results.depth, settings)
+    results.searches = search_table(data)
     results.notes = campaign_notes(data, results)
     return results
 

@@ -43,6 +43,7 @@ CAPTURES = "captures"
 OUTPUTS = "outputs.parquet"
 GATES = "gates"
 PROFILES = "profiles"
+CAPACITY = "capacity"
 BREAKDOWN = "breakdown.json"
 
 CELL_FILES = (META, SUMMARY, REQUESTS, GAUGES, METRICS_BEFORE, METRICS_AFTER)
@@ -183,6 +184,24 @@ def verdict_file(directory: Path, verdict_id: str) -> Path:
 
 def verdict_files(directory: Path) -> list[Path]:
     folder = gates_dir(directory)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if not is_temporary(p.name))
+
+
+# ------------------------------------------------------------------------------------------------ capacity
+
+
+def capacity_dir(directory: Path) -> Path:
+    return Path(directory) / CAPACITY
+
+
+def search_file(directory: Path, search_id: str) -> Path:
+    return capacity_dir(directory) / f"{search_id}.json"
+
+
+def search_files(directory: Path) -> list[Path]:
+    folder = capacity_dir(directory)
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.glob("*.json") if not is_temporary(p.name))

@@ -31,6 +31,15 @@ class CellPlan:
 
 
 @dataclass(frozen=True)
+class SearchPlan:
+    """A capacity search a deployment runs after its cells (spec.capacity; tasks/capacity.py)."""
+
+    search_id: str  # <variant>.r<repeat>.<stratum>: its points are cells <search_id>.rate<R>
+    workload: str  # stratum
+    corpus_file: str
+
+
+@dataclass(frozen=True)
 class DeploymentPlan:
     deployment_id: str
     variant: Variant
@@ -38,6 +47,7 @@ class DeploymentPlan:
     position: int  # order of launch within the campaign
     cells: tuple[CellPlan, ...]
     captures: tuple[str, ...] = ()  # capture ids to take on this deployment
+    search: SearchPlan | None = None
     role: str = "arm"  # "arm" (measured variant) or "control" (extra plain launch for the gate)
 
 
@@ -65,15 +75,16 @@ class CampaignPlan:
     def cells(self) -> list[tuple[DeploymentPlan, CellPlan]]:
         return [(d, c) for d in self.deployments for c in d.cells]
 
+    def searches(self) -> list[SearchPlan]:
+        return [d.search for d in self.deployments if d.search is not None]
+
 
 def gated(spec: ExperimentSpec, variant: Variant) -> bool:
     """Whether the correctness gate compares this variant's outputs with plain's: not a lossy one, greedy, and
     served like the reference plain variant (the gate compares greedy outputs at the campaign's first sampling
     and layout; the other settings of a sweep are measured for speed)."""
     return (
-        not lossy_by_design(variant)
-        and spec.sampling_of(variant).greedy
-        and spec.reference_setting(variant)
+        not lossy_by_design(variant) and spec.sampling_of(variant).greedy and spec.reference_setting(variant)
     )
 
 
@@ -102,11 +113,33 @@ def gate_plan(spec: ExperimentSpec, deployments: tuple[DeploymentPlan, ...]) -> 
     return GatePlan(plain=base, treatments=treatments, controls=controls)
 
 
+def searched(spec: ExperimentSpec, variant: Variant) -> bool:
+    """Whether the spec's capacity search runs on this variant's deployments: every variant but the synthetic
+    ones, or those `capacity.variants` names (a swept variant's copies answer to its name)."""
+    if spec.capacity is None or lossy_by_design(variant):
+        return False
+    names = spec.capacity.variants
+    return names is None or any(variant.name == n or variant.name.startswith(f"{n}-") for n in names)
+
+
+def search_stratum(spec: ExperimentSpec, corpora: dict[str, Corpus]) -> tuple[str, str]:
+    """(stratum, corpus file) the capacity search loads: `capacity.workload`, else the first stratum."""
+    assert spec.capacity is not None
+    for ref in spec.workloads:
+        strata = ref.strata or tuple(corpora[ref.file].strata)
+        wanted = spec.capacity.workload or strata[0]
+        if wanted in strata:
+            return wanted, ref.file
+    raise SpecError(f"capacity.workload: no workload of the spec has the stratum {spec.capacity.workload!r}")
+
+
 def spec_digest(spec: ExperimentSpec) -> str:
     data = spec.model_dump(mode="json")
-    # Fields added by the sweep axes, left out while unused: specs written before them keep their campaign ids.
+    # Fields added after specs were written, left out while unused: those specs keep their campaign ids.
     if not data["layouts"]:
         del data["layouts"]
+    if data["capacity"] is None:
+        del data["capacity"]
     for variant in data["variants"]:
         for axis in ("sampling", "layout"):
             if variant[axis] is None:
@@ -158,6 +191,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
     if spec.capture.enabled:
         corpora[spec.capture.corpus] = load_corpus(resolve_repo_path(spec.capture.corpus))
 
+    stratum_file = search_stratum(spec, corpora) if spec.capacity is not None else None
     rng = random.Random(spec.seed)
     orders: list[tuple[str, ...]] = []
     deployments: list[DeploymentPlan] = []
@@ -185,6 +219,10 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
                 captures = (ids.capture_id(name, repeat),)
                 if variant.method == "none" and repeat == 0:
                     captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control
+            search = None
+            if stratum_file is not None and searched(spec, variant):
+                stratum, file = stratum_file
+                search = SearchPlan(f"{name}.r{repeat}.{stratum}", stratum, file)
             deployments.append(
                 DeploymentPlan(
                     deployment_id=ids.slot_id(campaign_id, name, repeat),
@@ -193,6 +231,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
                     position=len(deployments),
                     cells=cells,
                     captures=captures,
+                    search=search,
                 )
             )
     if spec.capture.enabled:

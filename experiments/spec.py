@@ -312,11 +312,6 @@ class LoadSpec(Strict):
             return self.warmup
         return concurrency if concurrency is not None else 2
 
-    @model_validator(mode="after")
-    def some_load(self) -> LoadSpec:
-        if not self.concurrencies and not self.rates:
-            raise ValueError("give at least one of concurrencies or rates")
-        return self
 
 
 class CaptureSpec(Strict):
@@ -346,6 +341,48 @@ class ProfileSpec(Strict):
 class SLO(Strict):
     ttft_p99_s: float = Field(default=2.0, gt=0)
     tpot_p99_s: float = Field(default=0.2, gt=0)
+
+
+class CapacitySpec(Strict):
+    """A capacity search on each measured deployment (tasks/capacity.py): open-loop seeded Poisson points, a
+    ramp then a bisection on the rate, until the `slo` limits on p99 TTFT and TPOT are just met, each point
+    judged by an order-statistic confidence bound of its p99."""
+
+    workload: str | None = Field(
+        default=None, description="Stratum searched; default the first stratum of the first workload."
+    )
+    variants: tuple[str, ...] | None = Field(
+        default=None, description="Variants searched; default every variant (synthetic ones excepted)."
+    )
+    start_rps: float = Field(default=1.0, gt=0)
+    min_rps: float = Field(default=0.05, gt=0)
+    max_rps: float = Field(default=256.0, gt=0)
+    growth: float = Field(
+        default=2.0, gt=1, description="Ramp factor between points until the bracket closes."
+    )
+    precision: float = Field(
+        default=0.1,
+        gt=0,
+        description="Stop when the first failing rate is within 1+precision of the capacity.",
+    )
+    max_points: int = Field(default=10, gt=0)
+    quantile: float = Field(default=0.99, gt=0, lt=1, description="The quantile the slo limits bound.")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Of each point's verdict (one-sided).")
+    requests: int | None = Field(
+        default=None,
+        gt=0,
+        description="Measured requests per point; default the fewest that bound the quantile at the confidence "
+        "(299 for p99 at 95%). Fewer leave every point undecided, which counts as not meeting the limits.",
+    )
+    warmup: int = Field(default=2, ge=0)
+
+    @model_validator(mode="after")
+    def rates_in_order(self) -> CapacitySpec:
+        if not self.min_rps <= self.start_rps <= self.max_rps:
+            raise ValueError(
+                f"need min_rps <= start_rps <= max_rps, got {self.min_rps:g}, {self.start_rps:g}, {self.max_rps:g}"
+            )
+        return self
 
 
 class LocalLaunchSpec(Strict):
@@ -637,6 +674,9 @@ class ExperimentSpec(Strict):
     profile: ProfileSpec | None = Field(
         default=None, description="Profile one window of a speculative variant."
     )
+    capacity: CapacitySpec | None = Field(
+        default=None, description="Search each variant's capacity under the slo limits (open loop)."
+    )
     seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
 
     @field_validator("name")
@@ -661,6 +701,12 @@ class ExperimentSpec(Strict):
     def depth_lists(cls, value: Any) -> Any:
         expand_depths(value)  # raises on an empty list (such a spec reaches here unexpanded)
         return value
+
+    @model_validator(mode="after")
+    def some_load(self) -> ExperimentSpec:
+        if not self.load.concurrencies and not self.load.rates and self.capacity is None:
+            raise ValueError("load: give at least one of concurrencies or rates (or a capacity search)")
+        return self
 
     @model_validator(mode="after")
     def synthetic_needs_its_overlay(self) -> ExperimentSpec:
@@ -688,6 +734,16 @@ class ExperimentSpec(Strict):
                 f"variants {', '.join(unpaired)} have no plain variant with their sampling and layout: every "
                 "speedup is taken against plain served the same way"
             )
+        if self.capacity is not None and self.capacity.variants is not None:
+            unknown = [
+                n
+                for n in self.capacity.variants
+                if not any(v.name == n or v.name.startswith(f"{n}-") for v in self.variants)
+            ]
+            if unknown:
+                raise ValueError(
+                    f"capacity.variants {', '.join(unknown)} are not variants ({', '.join(names)})"
+                )
         if self.profile is not None:
             profiled = next((v for v in self.variants if v.name == self.profile.variant), None)
             if profiled is None:

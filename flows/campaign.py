@@ -37,6 +37,7 @@ from specgauge import progress
 from specgauge.errors import LaunchError
 from specgauge.provenance import utc_now
 from tasks import campaign as state
+from tasks.capacity import EngineGone, Point, search_deployment
 from tasks.capture import capture
 from tasks.cell import CellOutcome, run_cell
 from tasks.health import wait_ready
@@ -134,6 +135,48 @@ def capture_task(
     )
 
 
+@task(name="capacity-search", cache_policy=NO_CACHE)
+def capacity_task(
+    deployment: Deployment,
+    launcher: Launcher,
+    spec: ExperimentSpec,
+    campaign_id: str,
+    slot: DeploymentPlan,
+    corpus: Corpus,
+    directory: Path,
+) -> Path:
+    assert slot.search is not None
+    logger = get_run_logger()
+
+    def said(point: Point) -> None:
+        logger.info(
+            "%s: %.3g req/s: p99 TTFT %s, TPOT %s: %s",
+            slot.search.search_id if slot.search else "",
+            point.rate,
+            _seconds(point.ttft.observed),
+            _seconds(point.tpot.observed),
+            point.verdict,
+        )
+
+    path = search_deployment(
+        deployment,
+        slot.search,
+        spec,
+        campaign_id=campaign_id,
+        repeat=slot.repeat,
+        corpus=corpus,
+        directory=directory,
+        alive=lambda: launcher.alive(deployment),
+        on_point=said,
+    )
+    logger.info("capacity search %s written: %s", slot.search.search_id, path)
+    return path
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} s"
+
+
 @task(name="teardown", cache_policy=NO_CACHE)
 def teardown_task(launcher: Launcher, deployment: Deployment) -> None:
     launcher.teardown(deployment)
@@ -153,11 +196,12 @@ def deployment_flow(
     for _ in range(MAX_LAUNCHES_PER_SLOT):
         todo_cells = [c for c in slot.cells if not state.cell_done(directory, c)]
         todo_captures = [c for c in slot.captures if not state.capture_done(directory, c)]
+        todo_search = slot.search is not None and not state.search_done(directory, slot.search.search_id)
         for cell in slot.cells:
             if cell not in todo_cells:
                 outcome.cells.setdefault(cell.cell_id, "ok (earlier run)")
                 reporter.cell_done(cell.cell_id, "ok")
-        if not todo_cells and not todo_captures:
+        if not todo_cells and not todo_captures and not todo_search:
             break
         reporter.deployment(slot.deployment_id, "launching")
         try:
@@ -184,6 +228,13 @@ def deployment_flow(
                     corpus = corpora[spec.capture.corpus]
                     capture_task(deployment, capture_id, spec, campaign_id, corpus, directory)
                     outcome.captures.append(capture_id)
+            if not died and todo_search and slot.search is not None:
+                corpus = corpora[slot.search.corpus_file]
+                try:
+                    capacity_task(deployment, launcher, spec, campaign_id, slot, corpus, directory)
+                except EngineGone as exc:
+                    logger.error("%s; relaunching", exc)
+                    died = True
         finally:
             teardown_task(launcher, deployment)
         if not died:
@@ -194,8 +245,10 @@ def deployment_flow(
 
 
 def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan) -> dict[str, Corpus]:
-    """The workload files one slot needs (its cells', and the capture corpus if it captures)."""
+    """The workload files one slot needs (its cells', its search's, and the capture corpus if it captures)."""
     files = {c.corpus_file for c in slot.cells} | ({spec.capture.corpus} if slot.captures else set())
+    if slot.search is not None:
+        files.add(slot.search.corpus_file)
     return {f: plan.corpora[f] for f in sorted(files)}
 
 

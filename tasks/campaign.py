@@ -92,9 +92,15 @@ def capture_done(directory: Path, capture_id: str) -> bool:
     return layout.capture_complete(layout.capture_dir(directory, capture_id))
 
 
+def search_done(directory: Path, search_id: str) -> bool:
+    return layout.search_file(directory, search_id).exists()
+
+
 def deployment_done(directory: Path, deployment: DeploymentPlan) -> bool:
-    return all(cell_done(directory, c) for c in deployment.cells) and all(
-        capture_done(directory, c) for c in deployment.captures
+    return (
+        all(cell_done(directory, c) for c in deployment.cells)
+        and all(capture_done(directory, c) for c in deployment.captures)
+        and (deployment.search is None or search_done(directory, deployment.search.search_id))
     )
 
 

@@ -87,6 +87,24 @@ def plan_summary(plan: CampaignPlan, spec: ExperimentSpec) -> list[str]:
         f"cells: {size.cells}, requests: {size.requests} measured + {size.warmup} warm-up; "
         f"captures: {size.captures} ({size.capture_prompts} prompts)",
     ]
+    settings = {spec.setting_of(v) for v in spec.variants}
+    if len(settings) > 1:
+        samplings = len({sampling for sampling, _ in settings})
+        layouts = len({layout for _, layout in settings})
+        lines.insert(
+            1, f"settings: {samplings} sampling(s) x {layouts} layout(s), each with its own plain baseline"
+        )
+    searches = plan.searches()
+    if searches and spec.capacity is not None:
+        from tasks.capacity import min_requests
+
+        capacity = spec.capacity
+        n = capacity.requests or min_requests(capacity.quantile, capacity.confidence)
+        lines.append(
+            f"capacity searches: {len(searches)} on {searches[0].workload}, up to {capacity.max_points} points of "
+            f"{n} requests each (p{capacity.quantile * 100:g} at {capacity.confidence:.0%} confidence; not in "
+            "the estimate below)"
+        )
     kind = spec.launcher.kind
     try:
         with reader() as con:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pandera.polars import DataFrameModel
 
-from warehouse.kinds import campaigns, captures, cells, deployments, gates, profiles
+from warehouse.kinds import campaigns, capacity, captures, cells, deployments, gates, profiles
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
 
 __all__ = ["KINDS", "MODELS", "ArtifactKind", "ArtifactRef"]
@@ -22,6 +22,7 @@ KINDS: tuple[ArtifactKind, ...] = (
     captures.KIND,
     profiles.KIND,
     gates.KIND,  # after captures
+    capacity.KIND,
 )
 
 # Every table's model, by table.
