@@ -327,12 +327,20 @@ class Verdict:
         )
 
 
-def verification(data: CampaignData, settings: AnalysisSettings | None = None) -> list[Verdict]:
+def is_verification(data: CampaignData) -> bool:
+    """A campaign written by verification_spec: it has the recommended schedule among its variants."""
+    return any(entry.get("name") == RECOMMENDED for entry in data.spec.get("variants") or [])
+
+
+def verification(
+    data: CampaignData, settings: AnalysisSettings | None = None, *, speedups: pl.DataFrame | None = None
+) -> list[Verdict]:
     """Per load of a verification campaign: the recommended schedule's throughput speedup over plain, and its
     edge over the fixed depth (per-repeat ratios), each with its interval; it beats both where both intervals
-    lie above 1."""
+    lie above 1 (`speedups`: speedup_table's, when the caller has it already)."""
     settings = settings or AnalysisSettings()
-    rows = gain(speedup_table(data, settings), "throughput").filter(pl.col("load_mode") == "closed")
+    table = speedup_table(data, settings) if speedups is None else speedups
+    rows = gain(table, "throughput").filter(pl.col("load_mode") == "closed")
     out = []
     for (concurrency,), group in rows.sort("concurrency").group_by(["concurrency"], maintain_order=True):
         by_variant = {r["variant"]: r for r in group.to_dicts()}

@@ -261,6 +261,19 @@ def search_html(searches: pl.DataFrame) -> str:
     )
 
 
+def verification_section(verdicts: list) -> Section:
+    """A verification campaign's answer (analysis.recommend.verification): per load, whether the recommended
+    schedule beats both plain and the best fixed depth, with intervals."""
+    intro = (
+        '<p class="note">This campaign launched a recommended depth schedule (variant <code>recommended</code>) '
+        "beside plain and the best fixed depth, the same way. Per load: its throughput speedup over plain and its "
+        "edge over the fixed depth (means of per-repeat ratios, bootstrap intervals over repeats); it beats both "
+        "where both intervals lie above 1.</p>"
+    )
+    items = "".join(f"<li>{html.escape(v.text())}</li>" for v in verdicts)
+    return Section("verification", "Does the recommended schedule pay?", intro + f"<ul>{items}</ul>")
+
+
 def recommendation_section(recommendations: list) -> Section:
     """Which depth at which load (analysis.recommend): per drafter and workload, the schedule, the evidence
     behind each range and the --speculative-config to deploy."""
@@ -547,6 +560,8 @@ def campaign_sections(
         )
     )
 
+    if results.verdicts:
+        sections.append(verification_section(results.verdicts))
     sections.append(recommendation_section(results.recommendations))
     if not results.break_even.is_empty():
         sections.append(

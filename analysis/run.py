@@ -31,7 +31,7 @@ from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
 from analysis.decision import decide, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
-from analysis.recommend import Recommendation, recommend
+from analysis.recommend import Recommendation, Verdict, is_verification, recommend, verification
 from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
@@ -67,6 +67,7 @@ class Results:
     recommendations: list[Recommendation] = field(default_factory=list)  # report only, not stored
     break_even: pl.DataFrame = field(default_factory=pl.DataFrame)  # synthetic runs; report only
     searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity searches; report only
+    verdicts: list[Verdict] = field(default_factory=list)  # a verification campaign's; report only
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
@@ -93,6 +94,8 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
     )
     results.break_even = break_even_table(data, speedup, results.depth, settings)
     results.searches = search_table(data)
+    if is_verification(data):
+        results.verdicts = verification(data, settings, speedups=speedup)
     results.notes = campaign_notes(data, results)
     return results
 

@@ -188,6 +188,12 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
         verdicts[16].beats_both is False and verdicts[16].over_fixed > 1.1
     )  # off beats k=2's 0.8, not plain
     assert "beats both" in verdicts[1].text() and "does not beat both" in verdicts[4].text()
+    # the verification campaign's report gives the answer
+    from analysis.run import analyze_campaign
+
+    page = Path(analyze_campaign(None, db, settings=FAST, reports_dir=tmp_path / "reports").report).read_text()
+    assert "Does the recommended schedule pay?" in page
+    assert verdicts[1].text() in page and verdicts[4].text() in page
 
 
 def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Path, home: Path) -> None:
