@@ -257,3 +257,56 @@ def test_flows_validate_their_parameters_when_pickled_by_value() -> None:
         {"spec": spec, "campaign_id": plan.campaign_id, "slot": slot, "corpora": corpora}
     )
     assert validated["slot"] == slot and validated["spec"] == spec
+
+
+def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
+    prefect_harness: None, home: Path, emulator, tmp_path: Path
+) -> None:
+    """A campaign whose only load is a capacity search, on the emulator with one request generating at a time
+    (about 60 ms each: capacity near 16 req/s): the deployment subflow runs the search after its (no) cells,
+    each point is a cell, the record is ingested, and a re-run finds it done."""
+    import yaml
+
+    from experiments.plan import plan_campaign
+    from experiments.spec import load_spec
+    from flows.campaign import campaign
+
+    emulator.configure(max_running=1, ttft_ms=20.0, step_ms=5.0)
+    emulator.restart()
+    data = yaml.safe_load((REPO / "experiments" / "capacity.yaml").read_text())
+    data.update(
+        name="capacity-flow",
+        variants=[{"name": "plain", "method": "none"}],
+        target={"model": "emulated", "served_model_name": "emulated"},
+        sampling={"temperature": 0.0, "max_tokens": 8, "ignore_eos": True},
+        slo={"ttft_p99_s": 0.25, "tpot_p99_s": 0.05},
+        launcher={"kind": "endpoint", "base_url": emulator.url},
+    )
+    data["capacity"] |= {
+        "quantile": 0.9,
+        "confidence": 0.9,
+        "start_rps": 4.0,
+        "precision": 0.3,
+        "max_points": 5,
+    }
+    spec = tmp_path / "capacity.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    plan = plan_campaign(load_spec(spec))
+    result = campaign(spec=str(spec), analyze=False)
+    assert result["failed_cells"] == {}, result
+    with reader() as con:
+        search = con.execute(
+            "SELECT search_id, capacity_rps, first_failing_rps, n_points, requests_per_point "
+            "FROM capacity_searches WHERE campaign_id = ?",
+            [plan.campaign_id],
+        ).fetchall()
+        cells = con.execute(
+            "SELECT count(*) FROM v_cells WHERE campaign_id = ? AND load_mode = 'open'", [plan.campaign_id]
+        ).fetchone()
+    assert len(search) == 1, search
+    search_id, capacity, failing, points, per_point = search[0]
+    assert search_id == "plain.r0.code" and per_point == 22 and cells == (points,)
+    assert capacity is not None and 4.0 <= capacity < 16.0 * 1.2, search  # one slot: about 16 req/s at most
+    assert failing is not None and capacity < failing
+    again = campaign(spec=str(spec), analyze=False)  # resumes: the search is done, nothing is launched
+    assert again["deployments"][0]["launches"] == [], again

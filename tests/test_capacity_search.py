@@ -243,3 +243,42 @@ def test_a_search_on_the_engine_writes_its_points_as_cells_and_its_record(engine
     )
     report = ingest_raw(raw, tmp_path / "w.duckdb")
     assert report.ok, report.as_dict()
+
+
+def test_the_plan_searches_every_variant_but_the_synthetic_ones_and_a_slot_waits_for_its_search(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    from experiments.plan import plan_campaign
+    from experiments.spec import parse_spec
+    from specgauge.errors import SpecError
+    from tasks.campaign import deployment_done
+
+    repo = Path(__file__).resolve().parent.parent
+    data = yaml.safe_load((repo / "experiments" / "depth-load.yaml").read_text())
+    data["capacity"] = {"workload": "code"}
+    plan = plan_campaign(parse_spec(data))
+    searched = {d.variant.name for d in plan.deployments if d.search is not None}
+    assert searched == {"plain", "ngram-k1", "ngram-k2", "ngram-k3", "ngram-k5"}  # not the synthetic ones
+    data["capacity"] = {
+        "variants": ["ngram"],
+        "start_rps": 2.0,
+    }  # a swept variant's copies answer to its name
+    only = plan_campaign(parse_spec(data))
+    assert {d.variant.name for d in only.deployments if d.search} == {f"ngram-k{k}" for k in (1, 2, 3, 5)}
+    with pytest.raises(SpecError, match=r"capacity\.variants eagle are not variants"):
+        parse_spec({**data, "capacity": {"variants": ["eagle"]}})
+    with pytest.raises(SpecError, match="min_rps <= start_rps <= max_rps"):
+        parse_spec({**data, "capacity": {"start_rps": 500}})
+    # a capacity search alone is a load: no concurrencies or rates needed
+    alone = parse_spec({**data, "load": {}, "capacity": {}})
+    assert not alone.load.concurrencies and not plan_campaign(alone).cells()
+    # a slot with no cells left is still to do while its search has no record
+    empty = plan_campaign(alone)
+    first = next(d for d in empty.deployments if d.search is not None)
+    assert not deployment_done(tmp_path, first)
+    assert first.search is not None
+    layout.capacity_dir(tmp_path).mkdir()
+    write_json_atomic(layout.search_file(tmp_path, first.search.search_id), {"search_id": "x"})
+    assert deployment_done(tmp_path, first)

@@ -85,3 +85,20 @@ def test_campaign_plan_prints_the_size_and_says_when_it_cannot_estimate(home: Pa
     second = runner.invoke(app, ["campaign", "plan", spec_file])
     assert second.exit_code == 0, second.output
     assert "estimated time: about" in second.output and "past launches on 'local'" in second.output
+
+
+def test_campaign_plan_shows_the_settings_of_a_sweep_and_its_capacity_searches() -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    runner = CliRunner()
+    sweep = runner.invoke(app, ["campaign", "plan", str(REPO / "experiments" / "cluster-sweeps-8b.yaml")])
+    assert sweep.exit_code == 0, sweep.output
+    assert "settings: 4 sampling(s) x 3 layout(s), each with its own plain baseline" in sweep.output
+    assert "variants (48)" in sweep.output and "launches: 96 (96 measured" in sweep.output
+    capacity = runner.invoke(app, ["campaign", "plan", str(REPO / "experiments" / "capacity.yaml")])
+    assert capacity.exit_code == 0, capacity.output
+    assert "capacity searches: 2 on code, up to 7 points of 230 requests each (p99 at 90% confidence" in (
+        capacity.output
+    )
