@@ -174,6 +174,14 @@ def caveats_of(choices: list[LoadChoice]) -> list[str]:
             notes.append(
                 f"C={c.concurrency}: speculation off (best depth k={c.best_k} at {c.speedup:.3f}x plain)"
             )
+    if any(c.k == 0 for c in choices) and any(c.k > 0 for c in choices):
+        # Measured: depth-load-verify-5aede039 ran k 0 at C=8 at 0.86x plain (docs/analysis.md).
+        notes.append(
+            "k 0 is not plain: a deployment with speculation configured keeps its engine settings (vLLM 0.32 "
+            "disables asynchronous scheduling for n-gram and draft-model speculation, its log says) and its "
+            "drafter where it drafts nothing; verify the schedule "
+            "(`specgauge campaign verify-recommendation`) before trusting the off ranges"
+        )
     return notes
 
 

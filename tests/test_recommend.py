@@ -81,6 +81,7 @@ def test_the_schedule_follows_the_best_depth_at_each_load_and_turns_off(surface_
         )
         assert c.separated is True
     assert any("C=16: speculation off" in note for note in rec.caveats)
+    assert any(note.startswith("k 0 is not plain") for note in rec.caveats)  # the schedule has off ranges
     Variant.model_validate({**DRAFT, "name": "rec", "k": 4, "k_schedule": rec.schedule})  # a spec takes it
 
 
@@ -191,7 +192,9 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
     # the verification campaign's report gives the answer
     from analysis.run import analyze_campaign
 
-    page = Path(analyze_campaign(None, db, settings=FAST, reports_dir=tmp_path / "reports").report).read_text()
+    page = Path(
+        analyze_campaign(None, db, settings=FAST, reports_dir=tmp_path / "reports").report
+    ).read_text()
     assert "Does the recommended schedule pay?" in page
     assert verdicts[1].text() in page and verdicts[4].text() in page
 
