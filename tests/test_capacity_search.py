@@ -272,7 +272,7 @@ def test_the_plan_searches_every_variant_but_the_synthetic_ones_and_a_slot_waits
     with pytest.raises(SpecError, match="min_rps <= start_rps <= max_rps"):
         parse_spec({**data, "capacity": {"start_rps": 500}})
     # a capacity search alone is a load: no concurrencies or rates needed
-    alone = parse_spec({**data, "load": {}, "capacity": {}})
+    alone = parse_spec({**data, "load": {}, "capacity": {}, "capture": {"enabled": False}})
     assert not alone.load.concurrencies and not plan_campaign(alone).cells()
     # a slot with no cells left is still to do while its search has no record
     empty = plan_campaign(alone)
