@@ -313,7 +313,6 @@ class LoadSpec(Strict):
         return concurrency if concurrency is not None else 2
 
 
-
 class CaptureSpec(Strict):
     """Greedy-output capture for the correctness gate."""
 
