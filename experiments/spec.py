@@ -105,10 +105,6 @@ class Layout(Strict):
     def tag(self) -> str:
         return f"tp{self.tensor_parallel_size}dp{self.data_parallel_size}"
 
-    @property
-    def gpus(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size
-
 
 class Variant(Strict):
     """One way of serving the target: plain, or one speculative method at one depth.
@@ -567,7 +563,7 @@ class _Sweeps(Strict):
     layouts: tuple[Layout, ...] = ()
 
 
-def settings_of(data: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+def sweep_settings(data: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
     """The campaign's (tag, sampling, layout) settings: every combination of its `sampling` list and its
     `layouts` (one setting, untagged, when neither is a list of more than one)."""
     samplings: list[tuple[str, dict[str, Any] | None]] = [("", None)]
@@ -597,7 +593,7 @@ def expand_variants(data: Any) -> tuple[Any, list[int]]:
     if not isinstance(data, dict):
         return data, []
     variants, origin = expand_depths(data.get("variants"))
-    settings = settings_of(data)
+    settings = sweep_settings(data)
     if len(settings) == 1 or not isinstance(variants, list):
         return variants, origin
     out: list[Any] = []

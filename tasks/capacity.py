@@ -297,7 +297,7 @@ def limits_of(spec: ExperimentSpec) -> Limits:
     return Limits(spec.slo.ttft_p99_s, spec.slo.tpot_p99_s, spec.capacity.quantile, spec.capacity.confidence)
 
 
-def settings_of(capacity: CapacitySpec) -> SearchSettings:
+def search_settings(capacity: CapacitySpec) -> SearchSettings:
     return SearchSettings(
         capacity.start_rps,
         capacity.min_rps,
@@ -367,7 +367,7 @@ def search_deployment(
             attempts = layout.cell_attempts(cells, cell.cell_id)
         return point_from_cell(rate, cell.cell_id, attempts[-1], limits)
 
-    result = run_search(measure, limits, settings_of(capacity), on_point)
+    result = run_search(measure, limits, search_settings(capacity), on_point)
     record = {
         "search_id": search.search_id,
         "campaign_id": campaign_id,
