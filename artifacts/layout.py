@@ -183,7 +183,11 @@ def verdict_file(directory: Path, verdict_id: str) -> Path:
 
 
 def verdict_files(directory: Path) -> list[Path]:
-    folder = gates_dir(directory)
+    return json_files(gates_dir(directory))
+
+
+def json_files(folder: Path) -> list[Path]:
+    """The single-file artifacts of a folder, without those still being written (temporary names)."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.glob("*.json") if not is_temporary(p.name))
@@ -201,10 +205,7 @@ def search_file(directory: Path, search_id: str) -> Path:
 
 
 def search_files(directory: Path) -> list[Path]:
-    folder = capacity_dir(directory)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("*.json") if not is_temporary(p.name))
+    return json_files(capacity_dir(directory))
 
 
 # ------------------------------------------------------------------------------------------------ profiles

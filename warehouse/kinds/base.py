@@ -68,3 +68,17 @@ def directory_refs(kind: str, folder: Path, campaign_dir: Path, prefix: str) -> 
             campaign_dir.name,
             d.name,
         )
+
+
+def file_refs(kind: str, paths: Iterable[Path], campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+    """One ref per single-file artifact (RAW/<campaign>/<folder>/<name>.json, e.g. a gate verdict), keyed
+    `<campaign_id>/<name>`; the folder holds the campaign's others of its kind."""
+    for path in paths:
+        yield ArtifactRef(
+            kind,
+            f"{campaign_dir.name}/{path.stem}",
+            path.parent,
+            f"{prefix}/{path.parent.name}/{path.name}",
+            campaign_dir.name,
+            path.stem,
+        )

@@ -15,7 +15,7 @@ from artifacts import layout
 from artifacts.documents import CapacitySearchDocument, utc_datetime
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
 from warehouse.models import Strict
 
 VERDICTS = ["met", "violated", "undecided"]
@@ -162,15 +162,8 @@ def search_frames(
 
 
 def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    for path in layout.search_files(campaign_dir):  # a search being written has a temporary '.' name
-        yield ArtifactRef(
-            "capacity",
-            f"{campaign_dir.name}/{path.stem}",
-            path.parent,
-            f"{prefix}/{path.parent.name}/{path.name}",
-            campaign_dir.name,
-            path.stem,
-        )
+    # a search being written has a temporary '.' name: layout.search_files leaves it out
+    return file_refs("capacity", layout.search_files(campaign_dir), campaign_dir, prefix)
 
 
 KIND = ArtifactKind(

@@ -15,7 +15,7 @@ from artifacts import layout
 from artifacts.documents import GateVerdictDocument, utc_datetime
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
 from warehouse.models import Strict
 
 OUTCOMES = ["consistent", "diverged", "incomplete"]
@@ -132,15 +132,8 @@ def verdict_frames(
 
 
 def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    for path in layout.verdict_files(campaign_dir):  # a verdict being written has a temporary '.' name
-        yield ArtifactRef(
-            "gate",
-            f"{campaign_dir.name}/{path.stem}",
-            path.parent,
-            f"{prefix}/{path.parent.name}/{path.name}",
-            campaign_dir.name,
-            path.stem,
-        )
+    # a verdict being written has a temporary '.' name: layout.verdict_files leaves it out
+    return file_refs("gate", layout.verdict_files(campaign_dir), campaign_dir, prefix)
 
 
 KIND = ArtifactKind(
