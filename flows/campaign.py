@@ -145,13 +145,14 @@ def capacity_task(
     corpus: Corpus,
     directory: Path,
 ) -> Path:
-    assert slot.search is not None
+    search = slot.search
+    assert search is not None
     logger = get_run_logger()
 
     def said(point: Point) -> None:
         logger.info(
             "%s: %.3g req/s: p99 TTFT %s, TPOT %s: %s",
-            slot.search.search_id if slot.search else "",
+            search.search_id,
             point.rate,
             _seconds(point.ttft.observed),
             _seconds(point.tpot.observed),
@@ -160,7 +161,7 @@ def capacity_task(
 
     path = search_deployment(
         deployment,
-        slot.search,
+        search,
         spec,
         campaign_id=campaign_id,
         repeat=slot.repeat,
@@ -169,7 +170,7 @@ def capacity_task(
         alive=lambda: launcher.alive(deployment),
         on_point=said,
     )
-    logger.info("capacity search %s written: %s", slot.search.search_id, path)
+    logger.info("capacity search %s written: %s", search.search_id, path)
     return path
 
 

@@ -34,7 +34,7 @@ from artifacts.store import read_json, write_json_atomic
 from experiments.plan import CellPlan, SearchPlan
 from experiments.spec import CapacitySpec, ExperimentSpec
 from specgauge.provenance import tool_facts, utc_now
-from tasks.campaign import cell_is_complete_ok
+from tasks.campaign import cell_done
 from tasks.launch.base import Deployment
 from workloads.schema import Corpus
 
@@ -51,21 +51,14 @@ def order_statistic_bounds(n: int, quantile: float, confidence: float) -> tuple[
     `confidence` each (one-sided); None where n is too small for that side."""
     if n <= 0:
         return None, None
-    # upper: the smallest j with P(B <= j-1) >= c, B ~ Binomial(n, q)
-    j = int(binom.ppf(confidence, n, quantile)) + 1
-    while j > 1 and binom.cdf(j - 2, n, quantile) >= confidence:
-        j -= 1
-    while j <= n and binom.cdf(j - 1, n, quantile) < confidence:
-        j += 1
-    upper = j if j <= n else None
-    # lower: the largest i with P(B >= i) >= c, i.e. P(B <= i-1) <= 1-c
-    i = int(binom.ppf(1 - confidence, n, quantile))
-    while i < n and binom.cdf(i, n, quantile) <= 1 - confidence:
-        i += 1
-    while i >= 1 and binom.cdf(i - 1, n, quantile) > 1 - confidence:
-        i -= 1
-    lower = i if i >= 1 else None
-    return lower, upper
+    # B ~ Binomial(n, q) counts the samples below the quantile. binom.ppf(p) is the smallest k with
+    # P(B <= k) >= p. upper: the smallest j with P(B <= j-1) >= c. lower: the largest i with P(B >= i) >= c,
+    # i.e. P(B <= i-1) <= 1-c: one below the smallest k with P(B <= k) > 1-c.
+    upper = int(binom.ppf(confidence, n, quantile)) + 1
+    lower = int(binom.ppf(1 - confidence, n, quantile))
+    if binom.cdf(lower, n, quantile) <= 1 - confidence:  # ppf's k sits exactly on 1-c: it is still below
+        lower += 1
+    return (lower if lower >= 1 else None), (upper if upper <= n else None)
 
 
 @dataclass(frozen=True)
@@ -348,8 +341,7 @@ def search_deployment(
             rate,
             search.corpus_file,
         )
-        attempts = layout.cell_attempts(cells, cell.cell_id)
-        if not (attempts and cell_is_complete_ok(attempts[-1])):
+        if not cell_done(directory, cell):  # a resumed search reuses the points it has
             outcome = run_cell(
                 deployment,
                 cell,
@@ -364,8 +356,7 @@ def search_deployment(
             )
             if outcome.status != "ok" and alive() is False:
                 raise EngineGone(f"the engine died during {cell.cell_id}")
-            attempts = layout.cell_attempts(cells, cell.cell_id)
-        return point_from_cell(rate, cell.cell_id, attempts[-1], limits)
+        return point_from_cell(rate, cell.cell_id, layout.cell_attempts(cells, cell.cell_id)[-1], limits)
 
     result = run_search(measure, limits, search_settings(capacity), on_point)
     record = {

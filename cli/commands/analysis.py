@@ -151,12 +151,8 @@ def register(app: typer.Typer) -> None:
 
         from analysis.data import load_campaign
         from analysis.recommend import recommend
+        from analysis.report import fmt_interval
         from warehouse.db import reader
-
-        def span(estimate: float, low: float | None, high: float | None, label: str) -> str:
-            return (
-                f"{estimate:.3g} [{low:.3g}, {high:.3g}]" if low is not None else f"{estimate:.3g} ({label})"
-            )
 
         with reader(db, on_wait=say_waiting) as con:
             data = load_campaign(con, campaign_id)
@@ -168,10 +164,12 @@ def register(app: typer.Typer) -> None:
             for column in ("C", "best k", "speedup", "runner-up", "edge over it", "run k"):
                 table.add_column(column)
             for c in r.choices:
-                edge = "–" if c.edge is None else span(c.edge, c.edge_low, c.edge_high, c.edge_interval)
+                edge = (
+                    "–" if c.edge is None else fmt_interval(c.edge, c.edge_low, c.edge_high, c.edge_interval)
+                )
                 runner = "–" if c.runner_up_k is None else f"k={c.runner_up_k}"
                 run = "off" if c.k == 0 else str(c.k)
-                speedup = span(c.speedup, c.speedup_low, c.speedup_high, c.speedup_interval)
+                speedup = fmt_interval(c.speedup, c.speedup_low, c.speedup_high, c.speedup_interval)
                 table.add_row(str(c.concurrency), str(c.best_k), speedup, runner, edge, run)
             console.print(table)
             console.print(f"schedule [batch_from, batch_to, k]: {r.schedule}", markup=False)
