@@ -261,10 +261,8 @@ def test_the_plan_searches_every_variant_but_the_synthetic_ones_and_a_slot_waits
     plan = plan_campaign(parse_spec(data))
     searched = {d.variant.name for d in plan.deployments if d.search is not None}
     assert searched == {"plain", "ngram-k1", "ngram-k2", "ngram-k3", "ngram-k5"}  # not the synthetic ones
-    data["capacity"] = {
-        "variants": ["ngram"],
-        "start_rps": 2.0,
-    }  # a swept variant's copies answer to its name
+    # a swept variant's copies answer to its name
+    data["capacity"] = {"variants": ["ngram"], "start_rps": 2.0}
     only = plan_campaign(parse_spec(data))
     assert {d.variant.name for d in only.deployments if d.search} == {f"ngram-k{k}" for k in (1, 2, 3, 5)}
     with pytest.raises(SpecError, match=r"capacity\.variants eagle are not variants"):
@@ -273,9 +271,9 @@ def test_the_plan_searches_every_variant_but_the_synthetic_ones_and_a_slot_waits
         parse_spec({**data, "capacity": {"start_rps": 500}})
     # a capacity search alone is a load: no concurrencies or rates needed
     alone = parse_spec({**data, "load": {}, "capacity": {}, "capture": {"enabled": False}})
-    assert not alone.load.concurrencies and not plan_campaign(alone).cells()
-    # a slot with no cells left is still to do while its search has no record
     empty = plan_campaign(alone)
+    assert not alone.load.concurrencies and not empty.cells()
+    # a slot with no cells left is still to do while its search has no record
     first = next(d for d in empty.deployments if d.search is not None)
     assert not deployment_done(tmp_path, first)
     assert first.search is not None
