@@ -263,7 +263,7 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     prefect_harness: None, home: Path, emulator, tmp_path: Path
 ) -> None:
     """A campaign whose only load is a capacity search, on the emulator with one request generating at a time
-    (about 60 ms each: capacity near 16 req/s): the deployment subflow runs the search after its (no) cells,
+    (about 60 ms each: capacity at most 16 req/s): the deployment subflow runs the search after its (no) cells,
     each point is a cell, the record is ingested, and a re-run finds it done."""
     import yaml
 
@@ -306,7 +306,11 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     assert len(search) == 1, search
     search_id, capacity, failing, points, per_point = search[0]
     assert search_id == "plain.r0.code" and per_point == 22 and cells == (points,)
-    assert capacity is not None and 4.0 <= capacity < 16.0 * 1.2, search  # one slot: about 16 req/s at most
+    # One slot bounds it from above; from below only the machine does (a loaded 2-core CI runner starved the
+    # emulator to ~2.4 req/s), so the search is judged by what it promises: a met rate and a violated one
+    # within 1 + precision of each other, unless it ran out of points.
+    assert capacity is not None and 0 < capacity < 16.0 * 1.2, search
     assert failing is not None and capacity < failing
+    assert failing / capacity <= 1.3 + 1e-9 or points == 5, search
     again = campaign(spec=str(spec), analyze=False)  # resumes: the search is done, nothing is launched
     assert again["deployments"][0]["launches"] == [], again
