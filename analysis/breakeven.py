@@ -5,22 +5,21 @@ analysis infers from the real runs (analysis.depth: L* = s_k / s_0).
 
 Per drafter family, depth k, workload and closed-loop load: the throughput speedup over plain at each
 configured length L (paired per repeat, as Q1) is fitted by least squares, speedup = a + b L, and the
-break-even is L* = (1 - a) / b, where the line crosses 1. Its interval is a bootstrap over repeats (each
-resample keeps a repeat's points at every L together, so block drift stays paired). With two lengths the
+break-even is L* = (1 - a) / b, where the line crosses 1. Its interval: each repeat's points at every L
+(one block, so drift stays paired) give that repeat's own crossing; Student t over those
+(analysis.stats.per_repeat_interval). With two lengths the
 line goes through both points; a crossing outside the measured lengths is an extrapolation, and `note`
 says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
 from analysis.speedup import gain
-from analysis.stats import unit_bootstrap
+from analysis.stats import has_interval, per_repeat_interval
 from experiments.spec import Variant
 
 BREAK_EVEN_SCHEMA = {
@@ -57,17 +56,14 @@ def _crossing(lengths: np.ndarray, speedups: np.ndarray) -> float:
     return float((1.0 - intercept) / slope) if slope != 0 else float("nan")
 
 
-def _resampled_crossing(
-    points: list[tuple[float, int, float]], repeats: list[int]
-) -> Callable[[np.ndarray], float]:
-    """The crossing of the points of a resample of whole repeats (unit indices into `repeats`)."""
-    by_repeat = {r: [p for p in points if p[1] == r] for r in repeats}
-
-    def statistic(indices: np.ndarray) -> float:
-        chosen = [p for unit in indices for p in by_repeat[repeats[int(unit)]]]
-        return _crossing(np.array([p[0] for p in chosen]), np.array([p[2] for p in chosen]))
-
-    return statistic
+def _per_repeat_crossings(points: list[tuple[float, int, float]], repeats: list[int]) -> list[float]:
+    """Each repeat's own crossing (its points alone)."""
+    return [
+        _crossing(
+            np.array([p[0] for p in points if p[1] == r]), np.array([p[2] for p in points if p[1] == r])
+        )
+        for r in repeats
+    ]
 
 
 def break_even_table(
@@ -104,17 +100,16 @@ def break_even_table(
         repeats = sorted({p[1] for p in points})
         estimate = _crossing(lengths, ratios)
         low = high = None
-        if len(repeats) > 1:
-            interval = unit_bootstrap(
-                len(repeats),
-                _resampled_crossing(points, repeats),
-                confidence=settings.confidence,
-                seed=settings.seed,
-                resamples=999,
-            )
-            low, high = interval.low, interval.high
-        measured = sorted(set(lengths.tolist()))
         notes = []
+        if len(repeats) > 1:
+            interval = per_repeat_interval(
+                estimate, _per_repeat_crossings(points, repeats), confidence=settings.confidence
+            )
+            if has_interval(interval):
+                low, high = interval.low, interval.high
+            else:
+                notes.append(interval.method)
+        measured = sorted(set(lengths.tolist()))
         if len(repeats) < 2:
             notes.append("one repeat: no interval")
         if np.isfinite(estimate) and not measured[0] <= estimate <= measured[-1]:

@@ -92,7 +92,7 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
         .properties(
             title={
                 "text": f"Speedup against load ({'open loop' if mode == 'open' else 'closed loop'})",
-                "subtitle": f"mean of per-repeat ratios against plain; bands: {confidence:.0%} bootstrap interval "
+                "subtitle": f"geometric mean of per-repeat ratios against plain; bands: {confidence:.0%} t interval "
                 "over repeats (no band with one repeat). TPOT/TTFT are per-request figures, not ITL.",
             }
         )

@@ -2,7 +2,7 @@
 
 Per workload and load, the best n-gram variant and the best draft-model variant (highest gain estimate
 among their depths) are set side by side with the decision rule's verdict for each, their paired ratio
-(draft / n-gram, per repeat, bootstrap over repeats), the KV-cache capacity each deployment reported at
+(draft / n-gram, per repeat, t interval over repeats on the log scale), the KV-cache capacity each deployment reported at
 start-up (a draft model's weights and KV cache take memory the target's KV cache no longer has), the peak
 KV-cache usage and the preemptions during the cells.
 

@@ -7,9 +7,10 @@ linearly in log2(load) between the two loads that bracket it:
     log2 l* = log2 l_i + (S_i - 1) / (S_i - S_{i+1}) * (log2 l_{i+1} - log2 l_i),  S_i >= 1 > S_{i+1}.
 
 If S_1 < 1 the variant never pays in the measured range ("never pays"); if every S_i >= 1 it pays up to the
-highest load measured ("pays throughout"). The interval resamples whole repeats (each a deployment that
-served every load, so a repeat's speedups stay together) with scipy's bootstrap; a resample that never
-crosses counts as +inf (beyond the highest load) or -inf (below the lowest), so a bound can be open.
+highest load measured ("pays throughout"). The interval: each repeat (a deployment that served every load)
+has its own crossing; Student t over those, on log2(load), mapped back (analysis.stats.per_repeat_interval).
+A repeat that never crosses within the measured range leaves the crossover without an interval (an open
+bound is not a number t can average); the row says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import polars as pl
 
 from analysis.data import AnalysisSettings
 from analysis.speedup import gain
-from analysis.stats import has_interval, interval_label, unit_bootstrap
+from analysis.stats import Interval, has_interval, interval_label, per_repeat_interval
 
 CROSSOVER_METRICS = ("throughput", "tpot_p50")
 
@@ -111,18 +112,7 @@ def crossover_table(speedups: pl.DataFrame, settings: AnalysisSettings | None = 
             else:  # no repeat at every load (pairs left out, e.g. a stream read in one burst): estimates only
                 matrix = estimates.reshape(1, -1)
 
-            def statistic(
-                indices: np.ndarray, matrix: np.ndarray = matrix, loads: np.ndarray = loads
-            ) -> float:
-                return crossing(loads, matrix[indices].mean(axis=0))
-
-            interval = unit_bootstrap(
-                matrix.shape[0],
-                statistic,
-                confidence=settings.confidence,
-                seed=settings.seed,
-                resamples=settings.crossover_resamples,
-            )
+            interval = crossover_interval(loads, matrix, settings.confidence)
             drawn = has_interval(interval) and len(repeats) >= 2
             rows.append(
                 base
@@ -135,13 +125,33 @@ def crossover_table(speedups: pl.DataFrame, settings: AnalysisSettings | None = 
                     "n_repeats": len(repeats) or 1,
                     "interval": _interval_text(interval, loads) if drawn else interval_label(interval),
                     "loads": loads.tolist(),
-                    "speedups": matrix.mean(axis=0).tolist(),
+                    "speedups": _geometric_means(matrix).tolist(),
                 }
             )
     return pl.DataFrame(rows, schema=CROSSOVER_SCHEMA).sort("workload", "load_mode", "metric", "method", "k")
 
 
-def _interval_text(interval, loads: np.ndarray) -> str:
+def _geometric_means(matrix: np.ndarray) -> np.ndarray:
+    """Per load, the geometric mean of the repeats' speedups (as analysis.speedup estimates them)."""
+    return np.exp(np.log(matrix).mean(axis=0))
+
+
+def crossover_interval(loads: np.ndarray, matrix: np.ndarray, confidence: float) -> Interval:
+    """The crossing of the mean curve, with the t interval of the repeats' own crossings on log2(load)."""
+    estimate = crossing(loads, _geometric_means(matrix))
+    per_repeat = [math.log2(c) if math.isfinite(c) else c for c in (crossing(loads, row) for row in matrix)]
+    on_log = per_repeat_interval(
+        math.log2(estimate) if math.isfinite(estimate) else estimate, per_repeat, confidence=confidence
+    )
+    method = on_log.method
+    if len(per_repeat) >= 2 and all(c == math.inf for c in per_repeat):
+        method = f"every repeat pays up to the highest load (> {loads.max():g})"
+    elif len(per_repeat) >= 2 and all(c == -math.inf for c in per_repeat):
+        method = f"every repeat is below 1 from the lowest load (< {loads.min():g})"
+    return Interval(estimate, 2**on_log.low, 2**on_log.high, on_log.n, method)
+
+
+def _interval_text(interval: Interval, loads: np.ndarray) -> str:
     def bound(value: float) -> str:
         if value == math.inf:
             return f"> {loads.max():g}"

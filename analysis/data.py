@@ -31,10 +31,6 @@ class AnalysisSettings:
     """The knobs of one analysis run; recorded with its results (analysis_runs)."""
 
     confidence: float = 0.95
-    resamples: int = 9999  # bootstrap resamples for per-load intervals
-    crossover_resamples: int = 2999  # the crossover's bootstrap runs Python per resample: fewer
-    seed: int = 0
-    min_success_rate: float = 0.99
     gain_metric: str = "throughput"  # the decision rule's gain: output-throughput speedup
 
     def __post_init__(self) -> None:
@@ -60,6 +56,8 @@ class CampaignData:
     waste: pl.DataFrame  # v_profile_waste, latest window per key (may be empty)
     notes: list[str] = field(default_factory=list)
     searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity_searches (may be empty)
+    aa: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_aa: the A/A control against plain (may be empty)
+    client_calibration: dict[str, Any] | None = None  # the campaign's latest client_calibrations row
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -153,7 +151,16 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
     for key in ("spec", "host"):
         if isinstance(campaign.get(key), str):
             campaign[key] = json.loads(campaign[key])
-    cells = _frame(con, "SELECT * FROM v_cells WHERE campaign_id = ? ORDER BY cell_id", [cid])
+    # The A/A control is a plain arm that is never a baseline: analyses see it only through `aa` (v_aa).
+    cells = _frame(
+        con, "SELECT * FROM v_cells WHERE campaign_id = ? AND NOT aa_control ORDER BY cell_id", [cid]
+    )
+    controls = [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT variant FROM v_cells WHERE campaign_id = ? AND aa_control", [cid]
+        ).fetchall()
+    ]
     speedup = _frame(
         con,
         "SELECT * FROM v_speedup WHERE campaign_id = ? AND server_valid IS NOT FALSE ORDER BY cell_id",
@@ -164,7 +171,10 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         con, "SELECT * FROM v_acceptance_positions WHERE campaign_id = ? ORDER BY cell_id, position", [cid]
     )
     capacity = _frame(
-        con, "SELECT * FROM v_capacity WHERE campaign_id = ? ORDER BY variant, workload, load_label", [cid]
+        con,
+        "SELECT * FROM v_capacity WHERE campaign_id = ? AND NOT list_contains(?, variant) "
+        "ORDER BY variant, workload, load_label",
+        [cid, controls],
     )
     gates = (
         _frame(
@@ -178,9 +188,10 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
     deployments = _frame(
         con,
         "SELECT deployment_id, variant, method, k, slot, repeat, control, launch, launcher, engine_version, "
-        "engine_command, kv_cache_tokens, max_model_len, status, ready_s, job_id, started_utc "
-        "FROM deployments WHERE campaign_id = ? ORDER BY deployment_id",
-        [cid],
+        "engine_command, kv_cache_tokens, max_model_len, status, ready_s, job_id, started_utc, "
+        "json_extract_string(extra, '$.effective_config') AS effective_config "
+        "FROM deployments WHERE campaign_id = ? AND NOT list_contains(?, variant) ORDER BY deployment_id",
+        [cid, controls],
     )
     waste = (
         _frame(
@@ -197,6 +208,20 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         if _has_relation(con, "capacity_searches")
         else pl.DataFrame()
     )
+    aa = _frame(
+        con,
+        "SELECT * FROM v_aa WHERE campaign_id = ? AND server_valid IS NOT FALSE ORDER BY cell_id",
+        [cid],
+    )
+    calibrations = (
+        _frame(
+            con,
+            "SELECT * FROM client_calibrations WHERE campaign_id = ? ORDER BY started_utc DESC LIMIT 1",
+            [cid],
+        )
+        if _has_relation(con, "client_calibrations")
+        else pl.DataFrame()
+    )
     return CampaignData(
         campaign_id=cid,
         campaign=campaign,
@@ -209,6 +234,8 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         deployments=deployments,
         waste=waste,
         searches=searches,
+        aa=aa,
+        client_calibration=calibrations.row(0, named=True) if not calibrations.is_empty() else None,
     )
 
 

@@ -1,11 +1,18 @@
-"""The decision rule, stated once and applied to every speculative variant, workload and load.
+"""The benefit rule (the reference study's protocol), stated once and applied to every speculative variant,
+workload and load.
 
-A variant WINS a workload and load only when all three hold:
-  1. the interval of its gain excludes 1 on the winning side (the gain is a ratio against plain, so the
-     whole interval lies above 1; with one repeat there is no interval, so it cannot win);
-  2. its success rate (successful / measured requests, pooled over the repeats' cells) is at least 99%;
-  3. its greedy-correctness gate passed (the latest verdict in v_gate for the variant).
-The gain is the output-throughput speedup by default (AnalysisSettings.gain_metric).
+A variant is RECOMMENDED (`wins`) for a workload and load only when all of these hold:
+  1. the interval of its gain lies above 1 + min_effect (the gain is a ratio against plain: a speedup worth
+     its operating cost, 10% by default; with one repeat there is no interval, so it cannot win);
+  2. no other workload of the campaign regresses at that load: the variant's gain estimate on every other
+     workload at the same load is at least 1 - guardrail (5% by default; a recommendation that speeds up
+     code while slowing chat by 8% is not one);
+  3. its success rate (successful / measured requests, pooled over the repeats' cells) is at least 99%;
+  4. its greedy-correctness gate passed (the latest verdict in v_gate for the variant);
+  5. the campaign is valid (analysis.validity: its A/A gap and repeat spread within their limits).
+Rule parameters come from the spec's `decision` section (experiments.spec.DecisionSpec). The gain is the
+output-throughput speedup by default (AnalysisSettings.gain_metric). A pair whose engines ran with different
+settings beyond speculation (`confounded`, analysis.validity) is still judged, and the reason says so.
 """
 
 from __future__ import annotations
@@ -14,12 +21,15 @@ import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
 from analysis.speedup import CELL_KEY_SCHEMA, GAIN_INTERVAL_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
+from experiments.spec import DecisionSpec
 
 RULE = (
-    "A variant wins a workload and load only when (1) the {confidence:.0%} bootstrap interval of its "
-    "{metric} speedup over independently launched repeats lies entirely above 1 (one repeat gives no "
-    "interval, hence no win), (2) its success rate is at least {success:.0%}, and (3) its greedy-correctness "
-    "gate passed (latest verdict)."
+    "A variant is recommended for a workload and load only when (1) the {confidence:.0%} t interval of its "
+    "{metric} speedup over independently launched repeats lies above {threshold:.2f} (1 + minimum effect "
+    "{min_effect:.0%}; one repeat gives no interval, hence no recommendation), (2) no other workload at that "
+    "load regresses by more than {guardrail:.0%} (its speedup estimate below {floor:.2f}), (3) its success rate "
+    "is at least {success:.0%}, (4) its greedy-correctness gate passed (latest verdict), and (5) the campaign is "
+    "valid (A/A gap and repeat spread within their limits)."
 )
 
 DECISION_SCHEMA = {
@@ -33,12 +43,30 @@ DECISION_SCHEMA = {
     "gate_outcome": pl.String,
     "wins": pl.Boolean,
     "reason": pl.String,
+    # added by migration 0008 (the benefit rule), hence last
+    "min_effect": pl.Float64,
+    "guardrail_ok": pl.Boolean,
+    "worst_other_workload": pl.String,
+    "campaign_valid": pl.Boolean,
+    "confounded": pl.Boolean,
 }
 
 
-def rule_text(settings: AnalysisSettings) -> str:
+def decision_rule(data: CampaignData) -> DecisionSpec:
+    """The spec's rule parameters (defaults for campaigns written before the `decision` section)."""
+    return DecisionSpec.model_validate(data.spec.get("decision") or {})
+
+
+def rule_text(settings: AnalysisSettings, rule: DecisionSpec | None = None) -> str:
+    rule = rule or DecisionSpec()
     return RULE.format(
-        confidence=settings.confidence, metric=settings.gain_metric, success=settings.min_success_rate
+        confidence=settings.confidence,
+        metric=settings.gain_metric,
+        threshold=1 + rule.min_effect,
+        min_effect=rule.min_effect,
+        guardrail=rule.guardrail,
+        floor=1 - rule.guardrail,
+        success=rule.min_success_rate,
     )
 
 
@@ -63,54 +91,111 @@ def gate_status(data: CampaignData) -> dict[str, dict]:
     }
 
 
+OTHER_LOAD_KEYS = ("load_mode", "load_label", "concurrency", "rate")
+
+
+def worst_other_workloads(gains: pl.DataFrame) -> dict[tuple, tuple[str, float]]:
+    """(variant, load..., workload) -> the lowest gain estimate among the variant's OTHER workloads at that
+    load, with that workload's name (absent: no other workload measured there)."""
+    out: dict[tuple, tuple[str, float]] = {}
+    if gains.is_empty():
+        return out
+    keys = ["variant", *OTHER_LOAD_KEYS]
+    for key, group in gains.group_by(keys, maintain_order=True):
+        rows = [
+            (r["workload"], r["estimate"]) for r in group.iter_rows(named=True) if r["estimate"] is not None
+        ]
+        for workload, _ in rows:
+            others = [(w, e) for w, e in rows if w != workload]
+            if others:
+                out[(*key, workload)] = min(others, key=lambda pair: pair[1])
+    return out
+
+
+def confounded_pairs(data: CampaignData) -> dict[str, bool]:
+    """variant -> whether any of its cells ran with engine settings that differ from plain's beyond
+    speculation (v_speedup.confounded; absent: unknown)."""
+    if data.speedup.is_empty() or "confounded" not in data.speedup.columns:
+        return {}
+    known = data.speedup.filter(pl.col("confounded").is_not_null())
+    return {
+        str(variant): bool(flags.any())
+        for (variant,), flags in known.group_by("variant").agg(pl.col("confounded")).iter_rows()
+    }
+
+
 def decide(
-    data: CampaignData, speedups: pl.DataFrame, settings: AnalysisSettings | None = None
+    data: CampaignData,
+    speedups: pl.DataFrame,
+    settings: AnalysisSettings | None = None,
+    *,
+    campaign_valid: bool | None = None,
 ) -> pl.DataFrame:
-    """Apply the rule to every speculative variant x workload x load with cells in the campaign."""
+    """Apply the rule to every speculative variant x workload x load with cells in the campaign.
+    `campaign_valid`: analysis.validity's verdict (None: not judged, which does not block)."""
     settings = settings or AnalysisSettings()
+    rule = decision_rule(data)
     gains = gain(speedups, settings.gain_metric)
     success = success_rates(data)
     gates = gate_status(data)
+    worst = worst_other_workloads(gains)
+    confounded = confounded_pairs(data)
+    threshold, floor = 1.0 + rule.min_effect, 1.0 - rule.guardrail
     cells = success.filter(pl.col("method") != "none")
     joined = cells.join(gains, on=[*VARIANT_KEYS, *LOAD_KEYS], how="left", nulls_equal=True)
     rows = []
     for row in joined.iter_rows(named=True):
         gate = gates.get(row["variant"])
         success_rate = row["success_rate"]
-        success_ok = success_rate is not None and success_rate >= settings.min_success_rate
+        success_ok = success_rate is not None and success_rate >= rule.min_success_rate
+        other = worst.get((row["variant"], *(row[k] for k in OTHER_LOAD_KEYS), row["workload"]))
+        guardrail_ok = other is None or other[1] >= floor
         reasons = []
         if row["estimate"] is None:
             reasons.append("no paired plain cell")
         elif row["ci_low"] is None:
             reasons.append(f"{row['interval']}: needs at least 2 repeats")
-        elif not row["ci_low"] > 1.0:
-            side = "below 1" if row["ci_high"] < 1.0 else "includes 1"
-            reasons.append(f"interval [{row['ci_low']:.3g}, {row['ci_high']:.3g}] {side}")
+        elif not row["ci_low"] > threshold:
+            where = "below 1" if row["ci_high"] < 1.0 else f"not above {threshold:.2f}"
+            reasons.append(f"interval [{row['ci_low']:.3g}, {row['ci_high']:.3g}] {where}")
+        if not guardrail_ok:
+            reasons.append(f"{other[0]} regresses at this load ({other[1]:.3g} < {floor:.2f})")
         if not success_ok:
             shown = "unknown" if success_rate is None else f"{success_rate:.1%}"
-            reasons.append(f"success rate {shown} < {settings.min_success_rate:.0%}")
+            reasons.append(f"success rate {shown} < {rule.min_success_rate:.0%}")
         if gate is None:
             reasons.append("no correctness verdict")
         elif not gate["passed"]:
             reasons.append(f"correctness gate failed ({gate['outcome']})")
+        if campaign_valid is False:
+            reasons.append("the campaign is invalid (see Validity)")
         wins = not reasons
+        flag = confounded.get(row["variant"])
+        note = "; engine settings differ from plain's beyond speculation (see Validity)" if flag else ""
         rows.append(
             {
                 **{k: row[k] for k in (*VARIANT_KEYS, *LOAD_KEYS)},
                 "gain_metric": settings.gain_metric,
                 **{column: row[column] for column in GAIN_INTERVAL_SCHEMA},
+                "min_effect": rule.min_effect,
                 "success_rate": success_rate,
                 "success_ok": success_ok,
+                "guardrail_ok": guardrail_ok,
+                "worst_other_workload": None if other is None else f"{other[0]} {other[1]:.3g}",
                 "gate_passed": None if gate is None else bool(gate["passed"]),
                 "gate_verdict_id": None if gate is None else gate["verdict_id"],
                 "gate_outcome": None if gate is None else gate["outcome"],
+                "campaign_valid": campaign_valid,
+                "confounded": flag,
                 "wins": wins,
                 "reason": (
                     f"wins: {settings.gain_metric} speedup {row['estimate']:.3g} "
-                    f"[{row['ci_low']:.3g}, {row['ci_high']:.3g}], success {success_rate:.1%}, gate passed"
+                    f"[{row['ci_low']:.3g}, {row['ci_high']:.3g}] above {threshold:.2f}, no other workload "
+                    f"below {floor:.2f}, success {success_rate:.1%}, gate passed"
                     if wins
                     else "; ".join(reasons)
-                ),
+                )
+                + note,
             }
         )
     return pl.DataFrame(rows, schema=DECISION_SCHEMA).sort(

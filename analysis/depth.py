@@ -87,12 +87,7 @@ def depth_table(
     )
     rows = []
     for key, group in points.group_by([*VARIANT_KEYS, *LOAD_KEYS], maintain_order=True):
-        interval = mean_interval(
-            group["step_time_s"].to_list(),
-            confidence=settings.confidence,
-            seed=settings.seed,
-            resamples=settings.resamples,
-        )
+        interval = mean_interval(group["step_time_s"].to_list(), confidence=settings.confidence)
         drawn = has_interval(interval)
         tokens_per_step = float(group["tokens_per_step"].mean())
         break_even = float(group["break_even_tokens_per_step"].mean())

@@ -6,8 +6,8 @@ speedup surface, as vLLM's `--speculative-config` (its dynamic speculative decod
 For one drafter (a method and its checkpoint, measured at one or more depths) and one workload, at each
 closed-loop concurrency C of the campaign (under a closed loop the running batch is C):
   - the best depth is the one with the highest mean throughput speedup over plain (paired per repeat, as Q1);
-  - its edge over the runner-up depth is the mean of the per-repeat ratios best/runner-up (both paired with the
-    same plain cell of that repeat), with its bootstrap interval over repeats;
+  - its edge over the runner-up depth is the geometric mean of the per-repeat ratios best/runner-up (both
+    paired with the same plain cell of that repeat), with its t interval over repeats (log scale);
   - speculation is off (k = 0) at C when even the best depth's speedup is below 1.
 Between two measured loads the boundary is their geometric mean; the last range runs to `max_batch`.
 Nothing is recommended without its evidence: every range carries the speedup and edge it rests on, and
@@ -38,7 +38,7 @@ class LoadChoice:
     k: int  # 0: speculation off at this load
     best_k: int  # the best measured depth (k is 0 when even it is below 1)
     speedup: float  # best depth's throughput speedup over plain
-    speedup_low: float | None  # its bootstrap interval over repeats (None with one repeat)
+    speedup_low: float | None  # its t interval over repeats (None with one repeat)
     speedup_high: float | None
     speedup_interval: str
     runner_up_k: int | None

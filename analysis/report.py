@@ -267,7 +267,7 @@ def verification_section(verdicts: list) -> Section:
     intro = (
         '<p class="note">This campaign launched a recommended depth schedule (variant <code>recommended</code>) '
         "beside plain and the best fixed depth, the same way. Per load: its throughput speedup over plain and its "
-        "edge over the fixed depth (means of per-repeat ratios, bootstrap intervals over repeats); it beats both "
+        "edge over the fixed depth (geometric means of per-repeat ratios, t intervals over repeats); it beats both "
         "where both intervals lie above 1.</p>"
     )
     items = "".join(f"<li>{html.escape(v.text())}</li>" for v in verdicts)
@@ -280,7 +280,7 @@ def recommendation_section(recommendations: list) -> Section:
     intro = (
         '<p class="note">Per drafter and workload: at each closed-loop concurrency the depth with the highest '
         "throughput speedup over plain, off (k 0) where even it is below 1, and its edge over the runner-up "
-        "depth (mean of per-repeat ratios, bootstrap interval over repeats). Batch-size boundaries sit at the "
+        "depth (geometric mean of per-repeat ratios, t interval over repeats). Batch-size boundaries sit at the "
         "geometric mean of neighbouring loads. <code>specgauge recommend</code> prints the same.</p>"
     )
     if not recommendations:
@@ -332,13 +332,91 @@ def recommendation_section(recommendations: list) -> Section:
     return Section("recommend", "Which depth at which load", "".join(body))
 
 
+def _ms(value: Any) -> str:
+    return "–" if value is None else f"{fmt_ms(value)} ms"
+
+
+def validity_section(validity: pl.DataFrame, confounds: pl.DataFrame) -> Section:
+    """Can the campaign be trusted: its A/A gap, repeat spread, the client's own error, and the engine settings
+    that differ from plain's beyond speculation (analysis/validity.py)."""
+    if validity.is_empty():
+        return Section("validity", "Validity", '<p class="empty">not judged</p>')
+    v = validity.row(0, named=True)
+    verdict = "valid" if v["valid"] else "INVALID: nothing is recommended from it"
+    rows = [
+        (
+            "A/A gap (a second plain arm / plain, output throughput)",
+            "no A/A control (validity.aa_control: true adds one)"
+            if v["aa_estimate"] is None
+            else f"{fmt_interval(v['aa_estimate'], v['aa_low'], v['aa_high'], v['aa_interval'])}: gap "
+            f"{v['aa_gap']:.1%} (limit {v['max_aa_gap']:.1%}; {v['aa_interval']})",
+        ),
+        (
+            "repeat spread of plain (median over cells of (max - min) / mean throughput)",
+            "fewer than 2 repeats"
+            if v["repeat_spread"] is None
+            else f"{v['repeat_spread']:.1%} over {v['repeat_spread_cells']} cells "
+            f"(limit {v['max_repeat_spread']:.0%})",
+        ),
+        (
+            "client error at the campaign's heaviest load (measured - injected, against the emulator)",
+            "no calibration stored"
+            if v["client_concurrency"] is None
+            else f"C={v['client_concurrency']}: TTFT p50 {_ms(v['client_ttft_error_p50_s'])}, "
+            f"p99 {_ms(v['client_ttft_error_p99_s'])}; TPOT p50 {_ms(v['client_tpot_error_p50_s'])}, "
+            f"p99 {_ms(v['client_tpot_error_p99_s'])}; send lag p99 {_ms(v['client_send_lag_p99_s'])}",
+        ),
+        (
+            "smallest latency difference reported (TTFT or TPOT p50, variant vs plain)",
+            f"{_ms(v['smallest_latency_difference_s'])}"
+            + (
+                ""
+                if v["client_error_ok"] is None
+                else " (the client's p99 error is "
+                + ("within" if v["client_error_ok"] else "ABOVE")
+                + " a tenth of it)"
+            ),
+        ),
+    ]
+    table = (
+        "<table>"
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(val)}</td></tr>" for k, val in rows)
+        + "</table>"
+    )
+    confound_html = html_table(
+        confounds,
+        [
+            col("variant", "variant", str),
+            col("repeat", "repeat", str),
+            col("baseline_variant", "against", str),
+            Column(
+                "settings beyond speculation that differ",
+                lambda r: "; ".join(r["differences"]) if r["differences"] else "none",
+            ),
+            col("sources", "stated by (plain / speculative)", str),
+        ],
+        row_class=lambda r: "flag" if r["differences"] else "",
+        empty="no effective engine configuration recorded",
+    )
+    return Section(
+        "validity",
+        "Validity",
+        f"<p><b>The campaign is {html.escape(verdict)}.</b> {html.escape(v['reasons'] or '')}</p>"
+        + table
+        + '<p class="note">Effective engine configuration: what each engine stated it runs with (/server_info, '
+        "its start-up log, /metrics info gauges), compared with plain's deployment of the same repeat. A "
+        'difference beyond speculation is a confound: the speedup includes it. "not stated by plain" '
+        "usually means vLLM announced a change for the speculative engine only.</p>" + confound_html,
+    )
+
+
 def campaign_sections(
     data, results, charts: dict[str, tuple[ChartFiles, dict[str, Any]]], analysis: dict[str, Any]
 ) -> list[Section]:
     """The report's sections, in reading order. `data`: analysis.data.CampaignData; `results`:
     analysis.run.Results; `charts`: name -> (files, Vega-Lite spec); `analysis`: the analysis_runs row."""
     from analysis.capacity import has_rate_sweep, q5_statement
-    from analysis.decision import rule_text
+    from analysis.decision import decision_rule, rule_text
 
     settings = results.settings
 
@@ -364,7 +442,7 @@ def campaign_sections(
         Section(
             "verdict",
             "Verdict and decision rule",
-            f'<p class="rule"><b>Decision rule.</b> {html.escape(rule_text(settings))}</p>'
+            f'<p class="rule"><b>Decision rule.</b> {html.escape(rule_text(settings, decision_rule(data)))}</p>'
             f"<p>{html.escape(summary)}</p>"
             + (f"<ul>{winners}</ul>" if winners else "")
             + (f"<p><b>Notes</b></p><ul>{notes}</ul>" if notes else "")
@@ -374,14 +452,17 @@ def campaign_sections(
                     *_load_cols(),
                     _interval_col(f"{settings.gain_metric} speedup"),
                     col("success_rate", "success", fmt_pct),
+                    col("worst_other_workload", "worst other workload", lambda v: v or "–"),
                     col("gate_passed", "gate passed", fmt_bool),
+                    col("confounded", "confounded", fmt_bool),
                     col("wins", "wins", fmt_bool),
                     col("reason"),
                 ],
                 row_class=lambda r: "win" if r["wins"] else "",
                 empty="no speculative cells",
             ),
-        )
+        ),
+        validity_section(results.validity, results.confounds),
     ]
 
     speedup = results.speedup
@@ -405,9 +486,10 @@ def campaign_sections(
             "q1",
             "Q1. Speedup by workload and load",
             '<p class="note">Ratios against plain launched the same way (>1: faster), paired by workload, load and '
-            "repeat (repeat r of every variant is launched in one block of the campaign); estimate = mean of the "
-            f"per-repeat ratios, [interval] = {settings.confidence:.0%} bootstrap over repeats. With one repeat "
-            "there is no interval. Red rows: throughput speedup below 1.</p>"
+            "repeat (repeat r of every variant is launched in one block of the campaign); estimate = geometric mean "
+            f"of the per-repeat ratios, [interval] = {settings.confidence:.0%} Student t interval over repeats on "
+            "the log scale (its coverage holds at every n: docs/analysis.md; two repeats give a wide one). With "
+            "one repeat there is no interval. Red rows: throughput speedup below 1.</p>"
             + html_table(
                 pivot,
                 [*_load_cols(), *metric_cols, col("n", "repeats")],
@@ -570,7 +652,7 @@ def campaign_sections(
                 "Break-even acceptance, measured",
                 '<p class="note">From synthetic-acceptance runs (the drafter and verification run for real, drafts '
                 "accepted at a named mean acceptance length L): the throughput speedup over plain against L, fitted "
-                "by least squares, crosses 1 at the break-even L* [bootstrap interval over repeats]; beside it the "
+                "by least squares, crosses 1 at the break-even L* [t interval of the repeats' own crossings]; beside it the "
                 "break-even Q3 infers from the real runs of the same depth (s_k / s_0).</p>"
                 + html_table(
                     results.break_even,
@@ -690,8 +772,8 @@ def campaign_sections(
                 ("analysed with specgauge", f"{analysis['specgauge_version']} @ {analysis['git_revision']}"),
                 (
                     "analysis settings",
-                    f"confidence {settings.confidence:.0%}, {settings.resamples} bootstrap "
-                    f"resamples, seed {settings.seed}, gain = {settings.gain_metric} speedup",
+                    f"confidence {settings.confidence:.0%}, Student t intervals over repeats (log "
+                    f"scale for ratios), gain = {settings.gain_metric} speedup",
                 ),
             )
         )

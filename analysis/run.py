@@ -29,12 +29,13 @@ from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table
 from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
-from analysis.decision import decide, rule_text
+from analysis.decision import decide, decision_rule, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
 from analysis.recommend import Recommendation, Verdict, is_verification, recommend, verification
 from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
+from analysis.validity import confound_table, is_valid, validity_table
 from specgauge.errors import SpecgaugeError
 from specgauge.provenance import git_revision, specgauge_version, utc_stamp
 from specgauge.settings import get_settings
@@ -43,7 +44,7 @@ from warehouse.lock import WaitCallback
 
 PAIRING = (
     "per-repeat ratios against the plain cell of the same workload, load and repeat (repeat r of every variant "
-    "is launched in one block, in a shuffled order); intervals: bootstrap over repeats"
+    "is launched in one block, in a shuffled order); intervals: Student t over repeats, log scale for ratios"
 )
 
 
@@ -68,6 +69,8 @@ class Results:
     break_even: pl.DataFrame = field(default_factory=pl.DataFrame)  # synthetic runs; report only
     searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity searches; report only
     verdicts: list[Verdict] = field(default_factory=list)  # a verification campaign's; report only
+    validity: pl.DataFrame = field(default_factory=pl.DataFrame)  # one row: A/A, spread, client error
+    confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
@@ -77,7 +80,8 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
     """Every question's table from one campaign's frames. Pure: no I/O."""
     settings = settings or AnalysisSettings()
     speedup = speedup_table(data, settings)
-    decisions = decide(data, speedup, settings)
+    validity = validity_table(data, settings)
+    decisions = decide(data, speedup, settings, campaign_valid=is_valid(validity))
     fits = pl.concat([acceptance_fits(data, settings), step_time_fits(data, settings)], how="vertical")
     results = Results(
         settings=settings,
@@ -91,6 +95,8 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
         per_position=per_position(data),
         step_points=step_chart_points(data),
         recommendations=recommend(data, settings, speedups=speedup),
+        validity=validity,
+        confounds=confound_table(data),
     )
     results.break_even = break_even_table(data, speedup, results.depth, settings)
     results.searches = search_table(data)
@@ -109,6 +115,18 @@ def campaign_notes(data: CampaignData, results: Results) -> list[str]:
         notes.append(
             "one repeat (one deployment per variant): no interval can be drawn (n=1), so under the decision "
             "rule no variant can win; point estimates are shown for orientation only. Set `repeats: 3` or more."
+        )
+    validity = results.validity
+    if not validity.is_empty() and not validity["valid"][0]:
+        notes.append(
+            f"the campaign is INVALID ({validity['reasons'][0]}): nothing is recommended from it; rerun it on a "
+            "quieter machine or with more repeats"
+        )
+    confounded = results.confounds.filter(pl.col("differences").list.len() > 0)
+    if confounded.height:
+        notes.append(
+            f"{confounded.height} speculative deployment(s) ran with engine settings that differ from plain's "
+            "beyond speculation (Validity: confounds); their speedups include that difference"
         )
     failed = data.campaign.get("failed_cells") or []
     if failed:
@@ -187,18 +205,21 @@ def analyze_campaign(
         data = load_campaign(con, campaign_id)
         latencies = latency_quantiles(con, data.campaign_id)
     results = compute(data, settings)
+    rule = decision_rule(data)
     analysis_id = f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
     folder = Path(reports_dir or get_settings().reports_dir) / data.campaign_id
     run = {
         "created_utc": datetime.now(UTC).replace(tzinfo=None),
         "confidence": settings.confidence,
-        "resamples": settings.resamples,
-        "crossover_resamples": settings.crossover_resamples,
-        "seed": settings.seed,
+        "resamples": None,  # bootstrap settings of analyses before the switch to t intervals (issue 18)
+        "crossover_resamples": None,
+        "seed": None,
         "gain_metric": settings.gain_metric,
-        "min_success_rate": settings.min_success_rate,
+        "min_success_rate": rule.min_success_rate,
+        "min_effect": rule.min_effect,
+        "guardrail": rule.guardrail,
         "repeats": data.repeats,
-        "decision_rule": rule_text(settings),
+        "decision_rule": rule_text(settings, rule),
         "pairing": PAIRING,
         "specgauge_version": specgauge_version(),
         "git_revision": git_revision(),

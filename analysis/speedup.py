@@ -3,8 +3,8 @@
 Pairing: v_speedup pairs each speculative cell with the plain cell of the same campaign, workload (stratum
 and corpus hash), load, endpoint, sampling, engine settings and repeat. Repeat r of every variant is launched
 in the same block of the campaign (experiments.plan shuffles the variant order within each repeat), so the
-per-repeat ratio speculative_r / plain_r cancels drift between blocks. The estimate is the mean of the
-per-repeat ratios and its interval a bootstrap over repeats (analysis.stats.mean_interval): independently
+per-repeat ratio speculative_r / plain_r cancels drift between blocks. The estimate is the geometric mean of
+the per-repeat ratios and its interval Student t on their logs (analysis.stats.ratio_interval): independently
 launched deployments are the replicates, never requests. With one repeat there is no interval.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import GAIN_METRICS, AnalysisSettings, CampaignData
-from analysis.stats import Interval, has_interval, interval_label, mean_interval
+from analysis.stats import Interval, has_interval, interval_label, ratio_interval
 
 LOAD_KEYS = ("workload", "load_mode", "load_label", "concurrency", "rate")
 VARIANT_KEYS = ("variant", "method", "k")
@@ -30,7 +30,7 @@ CELL_KEY_SCHEMA = {
     "rate": pl.Float64,
 }
 
-# A gain over plain with its bootstrap interval over repeats (the speedup and decision tables).
+# A gain over plain with its t interval over repeats (the speedup and decision tables).
 GAIN_INTERVAL_SCHEMA = {
     "estimate": pl.Float64,
     "ci_low": pl.Float64,
@@ -53,8 +53,8 @@ SPEEDUP_SCHEMA = {
 def speedup_table(data: CampaignData, settings: AnalysisSettings | None = None) -> pl.DataFrame:
     """One row per speculative variant, workload, load and metric (throughput, TTFT and TPOT p50/p95).
 
-    `estimate` is the mean of the per-repeat ratios (> 1: faster than plain); `ci_low`/`ci_high` its
-    bootstrap interval over repeats, null with one repeat (`interval` then says "n=1, no interval");
+    `estimate` is the geometric mean of the per-repeat ratios (> 1: faster than plain); `ci_low`/`ci_high`
+    its t interval over repeats (on the log scale), null with one repeat (`interval` then says "n=1, no interval");
     `interval_excludes_one` is null without an interval.
     """
     settings = settings or AnalysisSettings()
@@ -75,9 +75,7 @@ def speedup_table(data: CampaignData, settings: AnalysisSettings | None = None) 
             if pairs.is_empty():
                 continue
             ratios = pairs["ratio"].to_list()
-            interval = mean_interval(
-                ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
-            )
+            interval = ratio_interval(ratios, confidence=settings.confidence)
             drawn = has_interval(interval)
             rows.append(
                 {
@@ -108,13 +106,13 @@ def paired_ratio(
     numerator: dict[int, float], denominator: dict[int, float], settings: AnalysisSettings
 ) -> Interval | None:
     """One speculative variant against another, paired per repeat (repeat -> speedup over the same plain):
-    the mean of numerator_r / denominator_r over the repeats both have, with its bootstrap interval over
-    repeats; None when they share no repeat."""
+    the geometric mean of numerator_r / denominator_r over the repeats both have, with its t interval over
+    repeats (log scale); None when they share no repeat."""
     ratios = [
-        numerator[r] / denominator[r] for r in sorted(set(numerator) & set(denominator)) if denominator[r]
+        numerator[r] / denominator[r]
+        for r in sorted(set(numerator) & set(denominator))
+        if denominator[r] > 0 and numerator[r] > 0
     ]
     if not ratios:
         return None
-    return mean_interval(
-        ratios, confidence=settings.confidence, seed=settings.seed, resamples=settings.resamples
-    )
+    return ratio_interval(ratios, confidence=settings.confidence)

@@ -21,6 +21,8 @@ ANALYSIS_TABLES = {
     "analysis_choice": "choice",
     "analysis_capacity": "capacity",
     "analysis_crossover": "crossover",
+    "analysis_validity": "validity",
+    "analysis_confounds": "confounds",
 }
 RUNS_TABLE = "analysis_runs"
 

@@ -19,9 +19,11 @@ REQUEST_SCHEMA, GAUGE_SCHEMA and OUTPUT_SCHEMA below.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 import polars as pl
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -596,10 +598,25 @@ class PlannedSlot(Document):
     captures: list[Text]
 
 
+class ImportFacts(Document):
+    """Where an imported campaign came from (warehouse.imports): the campaign was not run by specgauge but
+    translated from another harness's results. `source`: the study (e.g. a GitHub repository),
+    `path`: the results folder read, `importer` and `importer_version`: the translation that wrote it."""
+
+    source: Text
+    path: Text
+    importer: Text
+    importer_version: Text
+    source_commit: Text | None = None
+    imported_utc: Time | None = None
+
+
 class CampaignRecord(Document):
     """campaign.json, written once by tasks.campaign.record_campaign. `variant_order`: the variants in
     launch order, one list per repeat (randomised by the spec's seed). It has no status: each finished run
-    adds a RunRecord, and the warehouse derives the status from the latest (docs/warehouse.md)."""
+    adds a RunRecord, and the warehouse derives the status from the latest (docs/warehouse.md). `imported`:
+    set only on a campaign translated from another harness's results (warehouse.imports); absent otherwise.
+    """
 
     campaign_id: Text
     name: Text | None = None
@@ -611,6 +628,7 @@ class CampaignRecord(Document):
     created_utc: Time
     tool: ToolFacts | None = None
     host: HostFacts | None = None
+    imported: ImportFacts | None = None
 
 
 class RunRecord(Document):
@@ -894,3 +912,93 @@ class CapacitySearchDocument(Document):
     tool: ToolFacts | None = None
     started_utc: Time | None = None
     ended_utc: Time | None = None
+
+
+# ------------------------------------------------------------------------------------- client calibration
+
+
+class ClientCalibrationDocument(Document):
+    """calibration/<calibration_id>.json, written once at a campaign's start by tasks.load.calibration: the
+    client's TTFT and TPOT error (measured - injected), its send lag and the emulator's own lateness, at the
+    campaign's heaviest load against the emulator on the machine that runs the campaign's load."""
+
+    calibration_id: Text
+    campaign_id: Text
+    started_utc: Time | None = None
+    ended_utc: Time | None = None
+    mode: Text  # closed | open
+    concurrency: Whole
+    rate: Number | None = None
+    requests: Whole
+    requests_ok: Whole
+    requests_failed: Whole
+    injected_ttft_s: Number
+    injected_step_s: Number
+    ttft_error_p50_s: Number | None = None
+    ttft_error_p99_s: Number | None = None
+    tpot_error_p50_s: Number | None = None
+    tpot_error_p99_s: Number | None = None
+    send_lag_p50_s: Number | None = None
+    send_lag_p99_s: Number | None = None
+    emulator_late_p50_s: Number | None = None
+    emulator_late_p99_s: Number | None = None
+    tool: ToolFacts | None = None
+    host: HostFacts | None = None
+
+
+# ------------------------------------------------------------------------------- effective engine config
+
+
+class EffectiveEngineConfig(Document):
+    """deployment.json's `extra.effective_config`: the settings the engine states it runs with (its
+    /server_info, start-up log and /metrics info gauges: tasks.metrics.engine_config), not the flags it was
+    given. A setting no source stated is absent (unknown), never assumed. `sources`: what was read."""
+
+    async_scheduling: Flag | None = None
+    max_num_batched_tokens: Whole | None = None
+    max_num_scheduled_tokens: Whole | None = None
+    max_num_seqs: Whole | None = None
+    chunked_prefill: Flag | None = None
+    prefix_caching: Flag | None = None
+    compilation_mode: Text | None = None
+    cudagraph_mode: Text | None = None
+    enforce_eager: Flag | None = None
+    kv_cache_tokens: Whole | None = None
+    dtype: Text | None = None
+    kv_cache_dtype: Text | None = None
+    tensor_parallel_size: Whole | None = None
+    data_parallel_size: Whole | None = None
+    speculative_method: Text | None = None
+    speculative_tokens: Whole | None = None
+    sources: list[Text] = []
+
+    # what speculation itself changes: never a confound
+    SPECULATIVE: ClassVar[frozenset[str]] = frozenset({"speculative_method", "speculative_tokens"})
+
+    def stated(self) -> dict[str, Any]:
+        """The settings a source stated, speculation's own left out."""
+        data = self.model_dump(exclude_unset=True, exclude={"sources"})
+        return {k: v for k, v in data.items() if k not in self.SPECULATIVE and k in type(self).model_fields}
+
+    def key(self) -> str | None:
+        """A hash of `stated()`: two deployments with equal keys ran with equal settings beyond speculation
+        (None: nothing was stated)."""
+        stated = self.stated()
+        if not stated:
+            return None
+        return hashlib.sha256(json.dumps(stated, sort_keys=True).encode()).hexdigest()[:16]
+
+    def differences(self, other: EffectiveEngineConfig) -> list[str]:
+        """'setting: mine -> other's' for each setting beyond speculation that differs, and 'setting: not
+        stated by <side>' where only one side states it (vLLM logs a change, not the value it kept)."""
+        mine, theirs = self.stated(), other.stated()
+        out = []
+        for name in type(self).model_fields:
+            if name in self.SPECULATIVE or name == "sources":
+                continue
+            if name in mine and name in theirs:
+                if mine[name] != theirs[name]:
+                    out.append(f"{name}: {mine[name]} -> {theirs[name]}")
+            elif name in mine or name in theirs:
+                out.append(f"{name}: not stated by {'plain' if name not in mine else 'speculative'}")
+        return out

@@ -12,6 +12,8 @@
     RAW/<campaign_id>/captures/<capture_id>/meta.json                  CaptureMeta
                                            /outputs.parquet            OUTPUT_SCHEMA, one row per prompt
     RAW/<campaign_id>/gates/<verdict_id>.json                          GateVerdictDocument
+    RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
+    RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta
                                            /breakdown.json             ProfileBreakdown (ok windows only)
                                            /metrics_before.txt, metrics_after.txt, trace/
@@ -44,6 +46,7 @@ OUTPUTS = "outputs.parquet"
 GATES = "gates"
 PROFILES = "profiles"
 CAPACITY = "capacity"
+CALIBRATION = "calibration"
 BREAKDOWN = "breakdown.json"
 
 CELL_FILES = (META, SUMMARY, REQUESTS, GAUGES, METRICS_BEFORE, METRICS_AFTER)
@@ -206,6 +209,21 @@ def search_file(directory: Path, search_id: str) -> Path:
 
 def search_files(directory: Path) -> list[Path]:
     return json_files(capacity_dir(directory))
+
+
+# ------------------------------------------------------------------------------------- client calibration
+
+
+def calibration_dir(directory: Path) -> Path:
+    return Path(directory) / CALIBRATION
+
+
+def calibration_file(directory: Path, calibration_id: str) -> Path:
+    return calibration_dir(directory) / f"{calibration_id}.json"
+
+
+def calibration_files(directory: Path) -> list[Path]:
+    return json_files(calibration_dir(directory))
 
 
 # ------------------------------------------------------------------------------------------------ profiles

@@ -1,18 +1,21 @@
-"""How often do the report's per-load speedup intervals cover the truth? (issue 18, item 7)
+"""How often do the report's intervals cover the truth? (issue 18, item 7)
 
-Simulates campaigns of n repeats whose per-repeat throughput ratios are a planted speedup times log-normal
-run-to-run noise (sigma = the standard deviation of the log-ratio; the depth-load campaign's repeats differ by
-1-15%, i.e. sigma up to about 0.1), and counts how often each interval method covers its estimand:
+Simulates campaigns of n repeats with log-normal run-to-run noise (sigma = the standard deviation of a
+repeat's log-ratio; the depth-load campaign's repeats differ by 1-15%, i.e. sigma up to about 0.1) and counts
+how often each interval the report prints covers the planted value, at the report's nominal 95%:
 
-- `bootstrap`: what the report prints today (analysis.stats.mean_interval: percentile bootstrap of the mean
-  of per-repeat ratios), against the mean ratio E[r] = speedup * exp(sigma^2 / 2);
-- `t-log`: Student t on the log-ratios, exp(mean(log r) +- t(n-1) s / sqrt(n)), against the geometric mean
-  (the planted speedup), exact for log-normal noise.
+- `speedup` (analysis.stats.ratio_interval: geometric mean of per-repeat ratios, t on their logs), against
+  the planted speedup; the same method gives the depth edges, the n-gram/draft edge and the A/A figure;
+- `before`: what the report printed until issue 18 (percentile bootstrap of the mean of per-repeat ratios)
+  against the mean ratio it estimates, for comparison;
+- `regression` (analysis.stats.ratio_of_means_interval: ratio of geometric means of two independent samples,
+  Welch t on the logs), against the planted ratio;
+- `step time` (analysis.stats.mean_interval: t on per-repeat values), against their true mean;
+- `crossover` (analysis.crossover: t over the repeats' own crossings on log2(load)), against the true curve's
+  crossing: speedup 1.3 - 0.15 log2(load) at loads 1-16, crossing at load 4; the share of campaigns that get
+  an interval at all (every repeat must cross inside the range) is printed beside it.
 
-Prints one row per n and sigma: nominal level, each method's simulated coverage (with its binomial standard
-error) and mean width.
-
-    .venv/bin/python benchmarks/interval_coverage.py [--trials 2000] [--resamples 999] [--speedup 1.1]
+    .venv/bin/python benchmarks/interval_coverage.py [--trials 2000] [--resamples 999]
 """
 
 from __future__ import annotations
@@ -23,14 +26,27 @@ import math
 import numpy as np
 from scipy import stats
 
-from analysis.stats import mean_interval
+from analysis.crossover import crossover_interval
+from analysis.stats import has_interval, mean_interval, ratio_interval, ratio_of_means_interval
+
+LOADS = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+CURVE = 1.3 - 0.15 * np.log2(LOADS)  # crosses 1 at load 4
+TRUE_CROSSING = 4.0
 
 
-def t_log_interval(ratios: np.ndarray, confidence: float) -> tuple[float, float]:
-    logs = np.log(ratios)
-    n = len(logs)
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)
-    return math.exp(logs.mean() - half), math.exp(logs.mean() + half)
+def bootstrap_mean(values: np.ndarray, confidence: float, resamples: int, seed: int) -> tuple[float, float]:
+    """The percentile bootstrap of the mean the report used before issue 18."""
+    if np.allclose(values, values[0]):
+        return float(values[0]), float(values[0])
+    result = stats.bootstrap(
+        (values,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=resamples,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def main() -> None:
@@ -38,37 +54,50 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--trials", type=int, default=2000)
-    parser.add_argument("--resamples", type=int, default=999, help="bootstrap resamples per interval")
+    parser.add_argument(
+        "--resamples", type=int, default=999, help="bootstrap resamples (the 'before' column)"
+    )
     parser.add_argument("--speedup", type=float, default=1.1)
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
+    c = args.confidence
+    print(f"{args.trials} simulated campaigns per row, nominal {c:.0%}; coverage (binomial se about 0.5%)")
     print(
-        f"planted speedup {args.speedup}, {args.trials} simulated campaigns per row, nominal {args.confidence:.0%}"
+        "| repeats | sigma | speedup | before (bootstrap) | regression | step time | crossover | with interval |"
     )
-    print("| repeats | sigma | bootstrap coverage | its mean width | t-log coverage | its mean width |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for n in (2, 3, 5, 10):
         for sigma in (0.03, 0.10):
+            hits = dict.fromkeys(("speedup", "before", "regression", "step", "crossover"), 0)
+            drawn_crossovers = 0
             mean_ratio = args.speedup * math.exp(sigma**2 / 2)
-            hits = {"bootstrap": 0, "t-log": 0}
-            widths: dict[str, list[float]] = {"bootstrap": [], "t-log": []}
             for trial in range(args.trials):
                 ratios = args.speedup * np.exp(rng.normal(0.0, sigma, n))
-                boot = mean_interval(ratios, confidence=args.confidence, seed=trial, resamples=args.resamples)
-                hits["bootstrap"] += boot.low <= mean_ratio <= boot.high
-                widths["bootstrap"].append(boot.high - boot.low)
-                low, high = t_log_interval(ratios, args.confidence)
-                hits["t-log"] += low <= args.speedup <= high
-                widths["t-log"].append(high - low)
-
-            cells = []
-            for method in ("bootstrap", "t-log"):
-                p = hits[method] / args.trials
-                se = math.sqrt(p * (1 - p) / args.trials)
-                cells += [f"{p:.1%} (+-{se:.1%})", f"{np.mean(widths[method]):.3f}"]
-            print(f"| {n} | {sigma:g} | " + " | ".join(cells) + " |")
+                interval = ratio_interval(ratios, confidence=c)
+                hits["speedup"] += interval.low <= args.speedup <= interval.high
+                low, high = bootstrap_mean(ratios, c, args.resamples, trial)
+                hits["before"] += low <= mean_ratio <= high
+                baseline = 100 * np.exp(rng.normal(0.0, sigma, n))
+                treatment = 100 * args.speedup * np.exp(rng.normal(0.0, sigma, n))
+                interval = ratio_of_means_interval(treatment, baseline, confidence=c)
+                hits["regression"] += interval.low <= args.speedup <= interval.high
+                steps = 0.01 * np.exp(rng.normal(0.0, sigma, n))
+                interval = mean_interval(steps, confidence=c)
+                hits["step"] += interval.low <= 0.01 * math.exp(sigma**2 / 2) <= interval.high
+                matrix = CURVE * np.exp(rng.normal(0.0, sigma, (n, len(LOADS))))
+                interval = crossover_interval(LOADS, matrix, c)
+                if has_interval(interval):
+                    drawn_crossovers += 1
+                    hits["crossover"] += interval.low <= TRUE_CROSSING <= interval.high
+            cells = [f"{hits[k] / args.trials:.1%}" for k in ("speedup", "before", "regression", "step")]
+            crossover = f"{hits['crossover'] / drawn_crossovers:.1%}" if drawn_crossovers else "-"
+            print(
+                f"| {n} | {sigma:g} | "
+                + " | ".join(cells)
+                + f" | {crossover} | {drawn_crossovers / args.trials:.0%} |"
+            )
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ COMMAND_MODULES: list[str] = [
     "campaign",
     "emulator",
     "gate",
+    "imports",
     "metrics",
     "patches",
     "profile",

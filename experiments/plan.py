@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import ids
-from experiments.spec import SAFE_NAME, ExperimentSpec, Variant
+from experiments.spec import SAFE_NAME, DecisionSpec, ExperimentSpec, ValiditySpec, Variant
 from specgauge.errors import SpecError
 from workloads.schema import Corpus, load_corpus
 
@@ -84,7 +84,10 @@ def gated(spec: ExperimentSpec, variant: Variant) -> bool:
     served like the reference plain variant (the gate compares greedy outputs at the campaign's first sampling
     and layout; the other settings of a sweep are measured for speed)."""
     return (
-        not lossy_by_design(variant) and spec.sampling_of(variant).greedy and spec.reference_setting(variant)
+        not lossy_by_design(variant)
+        and not variant.aa_control  # measured for speed only: the gate has its own plain controls
+        and spec.sampling_of(variant).greedy
+        and spec.reference_setting(variant)
     )
 
 
@@ -116,7 +119,7 @@ def gate_plan(spec: ExperimentSpec, deployments: tuple[DeploymentPlan, ...]) -> 
 def searched(spec: ExperimentSpec, variant: Variant) -> bool:
     """Whether the spec's capacity search runs on this variant's deployments: every variant but the synthetic
     ones, or those `capacity.variants` names (a swept variant's copies answer to its name)."""
-    if spec.capacity is None or lossy_by_design(variant):
+    if spec.capacity is None or lossy_by_design(variant) or variant.aa_control:
         return False
     names = spec.capacity.variants
     return names is None or any(variant.name == n or variant.name.startswith(f"{n}-") for n in names)
@@ -140,10 +143,15 @@ def spec_digest(spec: ExperimentSpec) -> str:
         del data["layouts"]
     if data["capacity"] is None:
         del data["capacity"]
+    for section, model in (("validity", ValiditySpec), ("decision", DecisionSpec)):
+        if data[section] == model().model_dump(mode="json"):
+            del data[section]
     for variant in data["variants"]:
         for axis in ("sampling", "layout"):
             if variant[axis] is None:
                 del variant[axis]
+        if not variant["aa_control"]:
+            del variant["aa_control"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -215,9 +223,9 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
             captures: tuple[str, ...] = ()
             # The gate judges each speculative variant's first repeat against plain; every plain launch is
             # captured, since each one beyond the first is a cross-deployment control.
-            if spec.capture.enabled and (variant.method == "none" or repeat == 0) and gated(spec, variant):
+            if spec.capture.enabled and (variant.baseline or repeat == 0) and gated(spec, variant):
                 captures = (ids.capture_id(name, repeat),)
-                if variant.method == "none" and repeat == 0:
+                if variant.baseline and repeat == 0:
                     captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control
             search = None
             if stratum_file is not None and searched(spec, variant):

@@ -148,6 +148,11 @@ class Variant(Strict):
         description="This variant's tensor/data parallel sizes; default the campaign's first `layouts` entry, "
         "else the target's. A campaign's `layouts` list sets it on a copy of every variant.",
     )
+    aa_control: bool = Field(
+        default=False,
+        description="A second plain arm launched like the first, measured against it (A/A calibration): never "
+        "a baseline. `validity.aa_control: true` adds one; a spec rarely sets it by hand.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -195,6 +200,8 @@ class Variant(Strict):
             ignored += [f for f in ("prompt_lookup_min", "prompt_lookup_max") if getattr(self, f) is not None]
         if ignored:
             raise ValueError(f"method {self.method!r} does not take {', '.join(ignored)}")
+        if self.aa_control and self.method != "none":
+            raise ValueError("aa_control: only a plain variant (method: none) can be the A/A control")
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min or 1, self.prompt_lookup_max or 4
             if lo > hi:
@@ -211,6 +218,11 @@ class Variant(Strict):
     @property
     def speculative(self) -> bool:
         return self.method != "none"
+
+    @property
+    def baseline(self) -> bool:
+        """Plain and not the A/A control: what speedups are taken against."""
+        return self.method == "none" and not self.aa_control
 
     @property
     def setting_label(self) -> str:
@@ -378,6 +390,52 @@ class CapacitySpec(Strict):
                 f"need min_rps <= start_rps <= max_rps, got {self.min_rps:g}, {self.start_rps:g}, {self.max_rps:g}"
             )
         return self
+
+
+class ValiditySpec(Strict):
+    """What makes a campaign's comparisons trustworthy (analysis/validity.py): an A/A control, the client's
+    own error measured at the campaign's start, and the limits past which the campaign is marked invalid."""
+
+    aa_control: bool = Field(
+        default=False,
+        description="Add a second plain arm launched the same way (`<plain>-aa`, every repeat, in the shuffled "
+        "order): its throughput against the first plain arm is the campaign's A/A gap.",
+    )
+    max_aa_gap: float = Field(
+        default=0.015, gt=0, description="Invalid when the A/A gap |control / plain - 1| is larger."
+    )
+    max_repeat_spread: float = Field(
+        default=0.10,
+        gt=0,
+        description="Invalid when plain's repeats differ by more: the median over plain cells of "
+        "(max - min) / mean of their output throughput.",
+    )
+    client_calibration: bool = Field(
+        default=True,
+        description="Before the first launch, measure the client's TTFT/TPOT error and send lag against the "
+        "emulator on this machine at the campaign's highest concurrency (tasks/load/calibration.py).",
+    )
+    calibration_requests: int = Field(
+        default=64,
+        gt=0,
+        description="Measured requests of the client calibration (at least the concurrency).",
+    )
+
+
+class DecisionSpec(Strict):
+    """The benefit rule (analysis/decision.py): when a variant is recommended for a workload and load."""
+
+    min_effect: float = Field(
+        default=0.10,
+        ge=0,
+        description="The gain's interval must lie above 1 + min_effect (10%: a gain worth its operating cost).",
+    )
+    guardrail: float = Field(
+        default=0.05,
+        ge=0,
+        description="No other workload at that load may regress by more (its gain estimate below 1 - guardrail).",
+    )
+    min_success_rate: float = Field(default=0.99, gt=0, le=1)
 
 
 class LocalLaunchSpec(Strict):
@@ -619,6 +677,24 @@ def expand_variants(data: Any) -> tuple[Any, list[int]]:
     return out, out_origin
 
 
+AA_SUFFIX = "-aa"
+
+
+def _with_aa_control(data: dict[str, Any], variants: Any) -> Any:
+    """With `validity.aa_control`, a copy of the reference plain variant (the first plain entry) named
+    `<name>-aa` and marked as the A/A control, unless the spec lists a control already (a written-back spec)."""
+    validity = data.get("validity")
+    if not (isinstance(validity, dict) and validity.get("aa_control")) or not isinstance(variants, list):
+        return variants
+    entries = [v for v in variants if isinstance(v, dict)]
+    if any(v.get("aa_control") for v in entries):
+        return variants
+    plain = next((v for v in entries if v.get("method", "none") == "none"), None)
+    if plain is None:
+        return variants  # the spec's own check says it needs a plain variant
+    return [*variants, {**plain, "name": f"{plain.get('name')}{AA_SUFFIX}", "aa_control": True}]
+
+
 def _expanded(data: Any) -> Any:
     """The spec data with its axes expanded: variants, the campaign's sampling (the first of a list, the
     default of variants that do not set their own) and the profiled variant (the first copy of the one named)."""
@@ -628,7 +704,7 @@ def _expanded(data: Any) -> Any:
         variants, _ = expand_variants(data)
     except ValueError:
         return data  # the variants' own check reports it, where it is
-    out = {**data, "variants": variants}
+    out = {**data, "variants": _with_aa_control(data, variants)}
     raw = data.get("sampling")
     if isinstance(raw, list | tuple):
         first = dict(raw[0]) if raw else {}
@@ -672,6 +748,8 @@ class ExperimentSpec(Strict):
     capacity: CapacitySpec | None = Field(
         default=None, description="Search each variant's capacity under the slo limits (open loop)."
     )
+    validity: ValiditySpec = ValiditySpec()
+    decision: DecisionSpec = DecisionSpec()
     seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
 
     @field_validator("name")
@@ -720,9 +798,9 @@ class ExperimentSpec(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"variant names must be unique: {', '.join(dupes)}")
-        if not any(v.method == "none" for v in self.variants):
+        if not any(v.baseline for v in self.variants):
             raise ValueError("needs a plain variant (method: none): every speedup is taken against it")
-        plain_settings = {self.setting_of(v) for v in self.variants if v.method == "none"}
+        plain_settings = {self.setting_of(v) for v in self.variants if v.baseline}
         unpaired = [v.name for v in self.variants if self.setting_of(v) not in plain_settings]
         if unpaired:
             raise ValueError(
@@ -754,7 +832,7 @@ class ExperimentSpec(Strict):
     @property
     def plain(self) -> Variant:
         """The reference plain variant: the first (of the campaign's first sampling and layout)."""
-        return next(v for v in self.variants if v.method == "none")
+        return next(v for v in self.variants if v.baseline)
 
     def sampling_of(self, variant: Variant) -> Sampling:
         return variant.sampling or self.sampling

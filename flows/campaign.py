@@ -43,6 +43,8 @@ from tasks.cell import CellOutcome, run_cell
 from tasks.health import wait_ready
 from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftovers
 from tasks.launch.base import Deployment
+from tasks.load.calibration import calibrate_client, calibrated, fmt_ms, fmt_pair, write_calibration
+from tasks.metrics.engine_config import observe_engine_config
 from tasks.outcome import SlotOutcome, artifact_key, cell_log_line, failed_cells, report_markdown
 from workloads.schema import Corpus
 
@@ -71,6 +73,7 @@ def launch_until_ready(
     try:
         waited = wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
         launcher.collect_facts(deployment)
+        observe_engine_config(deployment)
         deployment.save()
     except BaseException:
         launcher.teardown(deployment)
@@ -272,6 +275,21 @@ def plan_step(spec: str, label: str | None) -> tuple[ExperimentSpec, CampaignPla
     return experiment, plan, directory
 
 
+@task(name="client-calibration", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def calibration_task(experiment: ExperimentSpec, campaign_id: str, directory: Path) -> dict[str, Any]:
+    """The client's own error at the campaign's heaviest load, once per campaign (a re-run finds it)."""
+    record = calibrated(directory) or write_calibration(directory, calibrate_client(experiment, campaign_id))
+    get_run_logger().info(
+        "client calibration at %s C=%s: TTFT error p50/p99 %s, TPOT error p50/p99 %s, send lag p99 %s",
+        record["mode"],
+        record["concurrency"],
+        fmt_pair(record, "ttft_error"),
+        fmt_pair(record, "tpot_error"),
+        fmt_ms(record.get("send_lag_p99_s")),
+    )
+    return record
+
+
 @task(name="reap-leftovers", cache_policy=NO_CACHE)
 def reap_task() -> list[dict[str, Any]]:
     done = reap_leftovers(saved=SavedBlocks())
@@ -361,6 +379,8 @@ def campaign(
     started = utc_now()
     result: dict[str, Any] = {"campaign_id": plan.campaign_id, "directory": str(directory)}
     reap_task()
+    if experiment.validity.client_calibration:
+        result["client_calibration"] = calibration_task(experiment, plan.campaign_id, directory)
     result["deployments"] = [
         deployment_flow(experiment, plan.campaign_id, slot, slot_corpora(experiment, plan, slot))
         for slot in plan.deployments

@@ -22,7 +22,7 @@ from cli.app import app
 from warehouse.db import reader, writer
 
 PLAIN_TPOT = 0.020
-FAST = AnalysisSettings(resamples=1999, crossover_resamples=999)
+FAST = AnalysisSettings()
 
 VARIANTS = {
     "plain": {"name": "plain", "method": "none"},
@@ -92,7 +92,7 @@ def test_a_planted_speedup_lies_inside_its_interval_and_a_wrong_one_outside(spee
         assert abs(tpot["estimate"] - TRUE_TPOT_SPEEDUP) < 0.05
         for wrong in (1.0, 1.3, 2.0):
             assert not tpot["ci_low"] <= wrong <= tpot["ci_high"]
-        assert tpot["interval_excludes_one"] is True and tpot["interval"].startswith("n=5, bootstrap")
+        assert tpot["interval_excludes_one"] is True and tpot["interval"].startswith("n=5, t on log-ratios")
         throughput = row(results.speedup, variant="draft-k3", load_label=load, metric="throughput")
         truth = planted_throughput_speedup(PLAIN_TPOT, TRUE_TPOT_SPEEDUP)
         assert throughput["ci_low"] <= truth <= throughput["ci_high"], (truth, throughput)
@@ -336,7 +336,7 @@ def test_ngram_or_draft_choice_with_kv_cache_cost(decision_db) -> None:
 def test_both_win_without_a_significant_edge_means_ngram(crossover_db: Path) -> None:
     """In the crossover campaign both variants pass the gate; where both win and the draft model is not
     significantly faster than n-gram, n-gram is the operational choice; where it is, the draft model."""
-    _, results = analysed(crossover_db, settings=AnalysisSettings(resamples=1999, gain_metric="tpot_p50"))
+    _, results = analysed(crossover_db, settings=AnalysisSettings(gain_metric="tpot_p50"))
     c1 = row(results.choice, load_label="c1")  # draft 1.6 vs n-gram 1.25: significant
     assert c1["choice"] == "draft model" and c1["draft_over_ngram_low"] > 1
     c16 = row(results.choice, load_label="c16")  # draft 0.7: only n-gram wins
@@ -465,8 +465,6 @@ def test_cli_analyze_and_report_print_the_page_last(capacity_db, tmp_path: Path)
             str(db),
             "--reports-dir",
             str(reports),
-            "--resamples",
-            "999",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -488,7 +486,7 @@ def test_cli_analyze_and_report_print_the_page_last(capacity_db, tmp_path: Path)
     assert latest.exit_code == 0, latest.output
     assert latest.stdout.strip().splitlines()[-1] == str(page)
     html = page.read_text()
-    assert "n=2, bootstrap" in html and "Decision rule." in html and "ITL kind: chunk gap" in html
+    assert "n=2, t on log-ratios" in html and "Decision rule." in html and "ITL kind: chunk gap" in html
     missing = runner.invoke(app, ["report", "nope", "--db", str(db)])
     assert missing.exit_code == 2 and "no campaign 'nope'" in missing.stderr
 

@@ -48,7 +48,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert ingest_raw(builder.raw_dir, db).ok
     result = analyze_campaign(
         db_path=db,
-        settings=AnalysisSettings(resamples=999, crossover_resamples=499),
+        settings=AnalysisSettings(),
         reports_dir=root / "reports",
     )
     assert result.report is not None

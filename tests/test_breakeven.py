@@ -17,7 +17,7 @@ PLAIN_TPOT = 0.020
 DRIFT = [1.00, 1.05, 0.97]
 NOISE = [1.01, 0.99, 1.005]
 TRUE_BREAK_EVEN = 2.0
-FAST = AnalysisSettings(resamples=999)
+FAST = AnalysisSettings()
 
 
 def spec(repeats: int):

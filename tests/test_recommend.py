@@ -27,7 +27,7 @@ PLAIN_TPOT = 0.020
 SURFACE = {1: {1: 1.3, 2: 1.6, 4: 2.0}, 4: {1: 1.2, 2: 1.35, 4: 1.05}, 16: {1: 0.9, 2: 0.8, 4: 0.6}}
 DRIFT = [1.00, 1.06, 0.96, 1.02]
 NOISE = [1.01, 0.99, 1.015, 0.985]
-FAST = AnalysisSettings(resamples=999)
+FAST = AnalysisSettings()
 DRAFT = {"name": "draft", "method": "draft_model", "k": [1, 2, 4], "draft_model": "models/tiny-draft"}
 
 

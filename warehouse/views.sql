@@ -31,13 +31,18 @@ SELECT
     sd.acceptance_rate, sd.mean_acceptance_length, sd.decode_steps, sd.inferred_step_time_s,
     c.gauge_kv_cache_usage_max, c.gauge_kv_cache_usage_mean, c.gauge_running_max, c.gauge_waiting_max,
     c.gauge_preemptions,
-    c.check_tokens_per_chunk_ok, c.check_completion_tokens_ok, c.server_valid, c.server_problem
+    c.check_tokens_per_chunk_ok, c.check_completion_tokens_ok, c.server_valid, c.server_problem,
+    coalesce(json_extract(c.variant_config, '$.aa_control')::BOOLEAN, false) AS aa_control,
+    -- the deployment's effective engine configuration beyond speculation (tasks/metrics/engine_config.py)
+    json_extract_string(d.extra, '$.effective_key') AS effective_key
 FROM latest_ok c
 JOIN attempts a USING (campaign_id, cell_id)
+LEFT JOIN deployments d ON d.deployment_id = c.deployment_id
 LEFT JOIN spec_decode sd USING (cell_key);
 
 -- Each speculative cell against the plain cell of the same campaign, workload (stratum and file hash),
 -- load (mode, concurrency, rate), endpoint, sampling, engine settings and repeat. Ratios > 1 mean faster.
+-- The baseline is never the A/A control (a second plain arm: v_aa).
 CREATE OR REPLACE VIEW v_speedup AS
 SELECT
     s.campaign_id, s.cell_id, s.variant, s.method, s.k, s.repeat, s.workload,
@@ -51,11 +56,48 @@ SELECT
     s.tpot_p50_s, b.tpot_p50_s AS baseline_tpot_p50_s, b.tpot_p50_s / NULLIF(s.tpot_p50_s, 0) AS tpot_p50_speedup,
     s.tpot_p95_s, b.tpot_p95_s AS baseline_tpot_p95_s, b.tpot_p95_s / NULLIF(s.tpot_p95_s, 0) AS tpot_p95_speedup,
     s.acceptance_rate, s.mean_acceptance_length,
-    s.server_valid AND b.server_valid AS server_valid
+    s.server_valid AND b.server_valid AS server_valid,
+    -- true: the engine ran with other settings than plain's beyond speculation (a confound; NULL: unknown)
+    CASE WHEN s.effective_key IS NULL OR b.effective_key IS NULL THEN NULL
+         ELSE s.effective_key <> b.effective_key END AS confounded
 FROM v_cells s
 JOIN v_cells b
-  ON b.method = 'none'
+  ON b.method = 'none' AND NOT b.aa_control
  AND s.method <> 'none'
+ AND b.campaign_id = s.campaign_id
+ AND b.workload = s.workload
+ AND b.workload_sha256 IS NOT DISTINCT FROM s.workload_sha256
+ AND b.load_mode = s.load_mode
+ AND b.concurrency IS NOT DISTINCT FROM s.concurrency
+ AND b.rate IS NOT DISTINCT FROM s.rate
+ AND b.endpoint IS NOT DISTINCT FROM s.endpoint
+ AND b.sampling_key = s.sampling_key
+ AND b.engine_key = s.engine_key
+ AND b.repeat = s.repeat;
+
+-- The A/A control's cells against the plain cell of the same workload, load, setting and repeat: the same
+-- columns as v_speedup; its "speedups" measure how far two identically launched plain arms differ.
+CREATE OR REPLACE VIEW v_aa AS
+SELECT
+    s.campaign_id, s.cell_id, s.variant, s.method, s.k, s.repeat, s.workload,
+    s.load_label, s.load_mode, s.concurrency, s.rate,
+    b.cell_id AS baseline_cell_id, b.variant AS baseline_variant,
+    s.output_throughput_tok_s, b.output_throughput_tok_s AS baseline_output_throughput_tok_s,
+    s.output_throughput_tok_s / NULLIF(b.output_throughput_tok_s, 0) AS throughput_speedup,
+    s.request_throughput_rps / NULLIF(b.request_throughput_rps, 0) AS request_throughput_speedup,
+    s.ttft_p50_s, b.ttft_p50_s AS baseline_ttft_p50_s, b.ttft_p50_s / NULLIF(s.ttft_p50_s, 0) AS ttft_p50_speedup,
+    s.ttft_p95_s, b.ttft_p95_s AS baseline_ttft_p95_s, b.ttft_p95_s / NULLIF(s.ttft_p95_s, 0) AS ttft_p95_speedup,
+    s.tpot_p50_s, b.tpot_p50_s AS baseline_tpot_p50_s, b.tpot_p50_s / NULLIF(s.tpot_p50_s, 0) AS tpot_p50_speedup,
+    s.tpot_p95_s, b.tpot_p95_s AS baseline_tpot_p95_s, b.tpot_p95_s / NULLIF(s.tpot_p95_s, 0) AS tpot_p95_speedup,
+    s.acceptance_rate, s.mean_acceptance_length,
+    s.server_valid AND b.server_valid AS server_valid,
+    -- true: the engine ran with other settings than plain's beyond speculation (a confound; NULL: unknown)
+    CASE WHEN s.effective_key IS NULL OR b.effective_key IS NULL THEN NULL
+         ELSE s.effective_key <> b.effective_key END AS confounded
+FROM v_cells s
+JOIN v_cells b
+  ON b.method = 'none' AND NOT b.aa_control
+ AND s.aa_control
  AND b.campaign_id = s.campaign_id
  AND b.workload = s.workload
  AND b.workload_sha256 IS NOT DISTINCT FROM s.workload_sha256
@@ -166,3 +208,14 @@ SELECT
     ) AS window_rank
 FROM profiles p
 WHERE p.status = 'ok';
+
+-- One row per analysed campaign: is it trustworthy? Its A/A gap with interval, the spread of plain's repeats,
+-- the client's measured error at the campaign's heaviest load, and `valid` (analysis/validity.py).
+CREATE OR REPLACE VIEW v_validity AS
+SELECT
+    v.campaign_id, v.analysis_id, v.valid, v.reasons,
+    v.aa_variant, v.aa_estimate, v.aa_low, v.aa_high, v.aa_gap, v.aa_repeats, v.max_aa_gap,
+    v.repeat_spread, v.repeat_spread_cells, v.max_repeat_spread,
+    v.client_ttft_error_p50_s, v.client_ttft_error_p99_s, v.client_tpot_error_p50_s, v.client_tpot_error_p99_s,
+    v.client_send_lag_p99_s, v.client_concurrency, v.smallest_latency_difference_s, v.client_error_ok
+FROM analysis_validity v;

@@ -27,12 +27,10 @@ ReportsOption = Annotated[
 ]
 
 
-def _run(campaign_id: str | None, db: Path | None, reports_dir: Path | None, resamples: int | None = None):
-    from analysis.data import AnalysisSettings
+def _run(campaign_id: str | None, db: Path | None, reports_dir: Path | None):
     from analysis.run import analyze_campaign
 
-    settings = AnalysisSettings() if resamples is None else AnalysisSettings(resamples=resamples)
-    return analyze_campaign(campaign_id, db, settings=settings, reports_dir=reports_dir, on_wait=say_waiting)
+    return analyze_campaign(campaign_id, db, reports_dir=reports_dir, on_wait=say_waiting)
 
 
 def _print_summary(result) -> None:
@@ -82,19 +80,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
         db: DbOption = None,
         reports_dir: ReportsOption = None,
-        resamples: Annotated[
-            int | None, typer.Option(help="Bootstrap resamples per interval (default 9999).", min=99)
-        ] = None,
     ) -> None:
         """Answer the five research questions for a campaign already in the warehouse.
 
-        Speedups against plain with bootstrap intervals over repeats, acceptance fits, depth and break-even,
+        Speedups against plain with Student t intervals over repeats (log scale), acceptance fits, depth and break-even,
         n-gram vs draft model, capacity under the SLO, crossover loads, and the decision rule. Results replace
         the campaign's rows in the `analysis_*` tables (one transaction); charts (HTML + PNG) and a
         self-contained report page go to SPECGAUGE_HOME/reports/<campaign_id>/. The last line printed is the
         report page's path.
         """
-        result = _run(campaign_id, db, reports_dir, resamples)
+        result = _run(campaign_id, db, reports_dir)
         _print_summary(result)
         typer.echo(str(result.report))
 

@@ -75,7 +75,9 @@ RECORDED_ENV = (
     "VLLM_CACHE_ROOT",
     "TORCHINDUCTOR_CACHE_DIR",
     "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_SERVER_DEV_MODE",
 )
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UNIPROCESS = ["--distributed-executor-backend", "uni"]
 
 
@@ -168,6 +170,10 @@ class LocalLauncher:
         compilation = self.compilation(target, variant)
         for name, value in {**compile_cache_env(compilation, env), **uniprocess_env(command)}.items():
             env.setdefault(name, value)  # the caller's environment and the target's env win
+        if self.spec.host in LOOPBACK:
+            # /server_info states the configuration the engine resolved (tasks/metrics/engine_config.py);
+            # vLLM's dev endpoints are reachable from this machine only, as the server itself is
+            env.setdefault("VLLM_SERVER_DEV_MODE", "1")
         overlays = None
         if self.spec.patches:
             overlay = engine_overlay(self.engine_python, list(self.spec.patches), get_settings().home)

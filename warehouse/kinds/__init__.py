@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from pandera.polars import DataFrameModel
 
-from warehouse.kinds import campaigns, capacity, captures, cells, deployments, gates, profiles
+from warehouse.kinds import (
+    calibration,
+    campaigns,
+    capacity,
+    captures,
+    cells,
+    deployments,
+    gates,
+    profiles,
+)
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
 
 __all__ = ["KINDS", "MODELS", "ArtifactKind", "ArtifactRef"]
@@ -23,6 +32,7 @@ KINDS: tuple[ArtifactKind, ...] = (
     profiles.KIND,
     gates.KIND,  # after captures
     capacity.KIND,
+    calibration.KIND,
 )
 
 # Every table's model, by table.

@@ -39,6 +39,8 @@ class CampaignModel(pa.DataFrameModel):
     git_revision: pl.String = pa.Field(nullable=True)
     hostname: pl.String = pa.Field(nullable=True)
     host: pl.String = pa.Field(nullable=True)
+    imported: pl.Boolean = pa.Field()
+    imported_from: pl.String = pa.Field(nullable=True)
     source_path: pl.String = pa.Field()
     sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
@@ -89,6 +91,9 @@ def campaign_frames(source_path: str, campaign_id: str, files: Files, sha256: st
         "git_revision": tool.git_revision if tool else None,
         "hostname": host.hostname if host else None,
         "host": canonical_json(host) if host else None,
+        # A campaign translated from another harness's results (warehouse.imports), and from where.
+        "imported": record.imported is not None,
+        "imported_from": canonical_json(record.imported) if record.imported else None,
         "source_path": source_path,
         "sha256": sha256,
     }

@@ -1,0 +1,224 @@
+"""Is the campaign itself trustworthy? Its A/A gap, its repeats' spread and its client's own error.
+
+- **A/A gap** (`validity.aa_control: true` adds `<plain>-aa`, a second plain arm launched the same way): per
+  repeat, the geometric mean over workloads and loads of the control's output throughput over plain's (v_aa);
+  the campaign's figure is the geometric mean over repeats with its t interval (analysis.stats.ratio_interval),
+  and its gap |figure - 1|. Two arms that must be equal differ by this much: a smaller speedup is noise.
+- **Repeat spread**: plain's cells (workload x load x setting) with two or more repeats; per cell
+  (max - min) / mean of the repeats' output throughput; the campaign's figure is the median over cells.
+- **Client error**: the client calibration stored at the campaign's start (tasks/load/calibration.py,
+  warehouse table client_calibrations): TTFT and TPOT error p50/p99 and send lag against the emulator. It is
+  flagged when its p99 exceeds a tenth of the smallest TTFT or TPOT difference between a variant and plain that
+  the campaign reports (a difference that small is within reach of the client's own error).
+
+- **Confounds**: each speculative deployment's effective engine configuration (what the engine stated it runs
+  with: tasks/metrics/engine_config.py) against its plain baseline's of the same repeat and setting; every
+  setting beyond speculation that differs is listed (`v_speedup.confounded` flags the pairs).
+
+A campaign is **invalid** when the A/A gap exceeds `validity.max_aa_gap` (1.5%) or the spread exceeds
+`validity.max_repeat_spread` (10%); without an A/A arm the gap is unknown and only the spread is judged. The
+decision rule recommends nothing from an invalid campaign (analysis.decision).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analysis.data import AnalysisSettings, CampaignData
+from analysis.stats import has_interval, interval_label, ratio_interval
+from artifacts.documents import EffectiveEngineConfig
+from experiments.spec import ValiditySpec
+
+VALIDITY_SCHEMA = {
+    "aa_variant": pl.String,
+    "aa_estimate": pl.Float64,
+    "aa_low": pl.Float64,
+    "aa_high": pl.Float64,
+    "aa_gap": pl.Float64,
+    "aa_repeats": pl.Int32,
+    "aa_interval": pl.String,
+    "max_aa_gap": pl.Float64,
+    "repeat_spread": pl.Float64,
+    "repeat_spread_cells": pl.Int32,
+    "max_repeat_spread": pl.Float64,
+    "client_ttft_error_p50_s": pl.Float64,
+    "client_ttft_error_p99_s": pl.Float64,
+    "client_tpot_error_p50_s": pl.Float64,
+    "client_tpot_error_p99_s": pl.Float64,
+    "client_send_lag_p99_s": pl.Float64,
+    "client_concurrency": pl.Int32,
+    "smallest_latency_difference_s": pl.Float64,
+    "client_error_ok": pl.Boolean,
+    "valid": pl.Boolean,
+    "reasons": pl.String,
+}
+
+
+def validity_rules(data: CampaignData) -> ValiditySpec:
+    return ValiditySpec.model_validate(data.spec.get("validity") or {})
+
+
+def aa_figure(data: CampaignData, settings: AnalysisSettings) -> tuple[str | None, Any]:
+    """(the control's variant, its throughput-ratio Interval over repeats), (None, None) without A/A cells."""
+    pairs = data.aa.filter(pl.col("throughput_speedup").is_not_null() & (pl.col("throughput_speedup") > 0))
+    if pairs.is_empty():
+        return None, None
+    per_repeat = (
+        pairs.group_by("repeat")
+        .agg(pl.col("throughput_speedup").log().mean().exp().alias("ratio"))
+        .sort("repeat")["ratio"]
+        .to_list()
+    )
+    return str(pairs["variant"][0]), ratio_interval(per_repeat, confidence=settings.confidence)
+
+
+def repeat_spread(data: CampaignData) -> tuple[float | None, int]:
+    """(median over plain cells of (max - min) / mean output throughput across repeats, cells counted)."""
+    plain = data.cells.filter((pl.col("method") == "none") & pl.col("output_throughput_tok_s").is_not_null())
+    if plain.is_empty():
+        return None, 0
+    spreads = (
+        plain.group_by("variant", "workload", "load_label")
+        .agg(
+            pl.len().alias("n"),
+            (
+                (pl.col("output_throughput_tok_s").max() - pl.col("output_throughput_tok_s").min())
+                / pl.col("output_throughput_tok_s").mean()
+            ).alias("spread"),
+        )
+        .filter(pl.col("n") >= 2)
+    )
+    if spreads.is_empty():
+        return None, 0
+    return float(np.median(spreads["spread"].to_numpy())), spreads.height
+
+
+def smallest_latency_difference(data: CampaignData) -> float | None:
+    """The smallest |variant - plain| TTFT p50 or TPOT p50 difference over the campaign's speedup pairs."""
+    if data.speedup.is_empty():
+        return None
+    differences = data.speedup.select(
+        (pl.col("ttft_p50_s") - pl.col("baseline_ttft_p50_s")).abs().alias("ttft"),
+        (pl.col("tpot_p50_s") - pl.col("baseline_tpot_p50_s")).abs().alias("tpot"),
+    )
+    values = [v for column in ("ttft", "tpot") for v in differences[column].drop_nulls().to_list() if v > 0]
+    return min(values) if values else None
+
+
+def validity_table(data: CampaignData, settings: AnalysisSettings | None = None) -> pl.DataFrame:
+    """One row: the campaign's A/A figure, repeat spread, client error and whether it is valid (and why not)."""
+    settings = settings or AnalysisSettings()
+    rules = validity_rules(data)
+    reasons: list[str] = []
+    aa_variant, aa = aa_figure(data, settings)
+    drawn = aa is not None and has_interval(aa)
+    gap = abs(aa.estimate - 1.0) if aa is not None else None
+    if aa is None:
+        reasons.append("no A/A control (validity.aa_control: true adds one): the A/A gap is unknown")
+    elif gap is not None and gap > rules.max_aa_gap:
+        reasons.append(f"A/A gap {gap:.1%} > {rules.max_aa_gap:.1%}")
+    spread, spread_cells = repeat_spread(data)
+    if spread is None:
+        reasons.append("fewer than 2 repeats of plain: the repeat spread is unknown")
+    elif spread > rules.max_repeat_spread:
+        reasons.append(f"repeat spread {spread:.1%} > {rules.max_repeat_spread:.0%}")
+    client = data.client_calibration
+    smallest = smallest_latency_difference(data)
+    client_ok = None
+    if client:
+        worst = max(
+            (v for v in (client.get("ttft_error_p99_s"), client.get("tpot_error_p99_s")) if v is not None),
+            default=None,
+        )
+        if worst is not None and smallest is not None:
+            client_ok = abs(worst) <= smallest / 10
+            if not client_ok:
+                reasons.append(
+                    f"the client's p99 error {worst * 1e3:.2f} ms exceeds a tenth of the smallest latency "
+                    f"difference reported ({smallest * 1e3:.2f} ms): read such differences as noise"
+                )
+    else:
+        reasons.append("no client calibration stored for this campaign")
+    invalid = (gap is not None and gap > rules.max_aa_gap) or (
+        spread is not None and spread > rules.max_repeat_spread
+    )
+    row = {
+        "aa_variant": aa_variant,
+        "aa_estimate": aa.estimate if aa is not None else None,
+        "aa_low": aa.low if drawn else None,
+        "aa_high": aa.high if drawn else None,
+        "aa_gap": gap,
+        "aa_repeats": aa.n if aa is not None else 0,
+        "aa_interval": interval_label(aa) if aa is not None else "no A/A control",
+        "max_aa_gap": rules.max_aa_gap,
+        "repeat_spread": spread,
+        "repeat_spread_cells": spread_cells,
+        "max_repeat_spread": rules.max_repeat_spread,
+        "client_ttft_error_p50_s": client.get("ttft_error_p50_s") if client else None,
+        "client_ttft_error_p99_s": client.get("ttft_error_p99_s") if client else None,
+        "client_tpot_error_p50_s": client.get("tpot_error_p50_s") if client else None,
+        "client_tpot_error_p99_s": client.get("tpot_error_p99_s") if client else None,
+        "client_send_lag_p99_s": client.get("send_lag_p99_s") if client else None,
+        "client_concurrency": client.get("concurrency") if client else None,
+        "smallest_latency_difference_s": smallest,
+        "client_error_ok": client_ok,
+        "valid": not invalid,
+        "reasons": "; ".join(reasons),
+    }
+    return pl.DataFrame([row], schema=VALIDITY_SCHEMA)
+
+
+def is_valid(validity: pl.DataFrame) -> bool:
+    """False only when a limit was exceeded (an unknown figure does not make a campaign invalid)."""
+    return validity.is_empty() or bool(validity["valid"][0])
+
+
+CONFOUND_SCHEMA = {
+    "variant": pl.String,
+    "method": pl.String,
+    "k": pl.Int32,
+    "baseline_variant": pl.String,
+    "repeat": pl.Int32,
+    "differences": pl.List(pl.String),
+    "sources": pl.String,
+}
+
+
+def _config(value: str | None) -> EffectiveEngineConfig | None:
+    return EffectiveEngineConfig.model_validate(json.loads(value)) if value else None
+
+
+def confound_table(data: CampaignData) -> pl.DataFrame:
+    """Per speculative deployment (the latest launch of each variant and repeat): the settings beyond
+    speculation in which its engine ran differently from plain's deployment of the same repeat and setting."""
+    d = data.deployments
+    if d.is_empty() or "effective_config" not in d.columns:
+        return pl.DataFrame(schema=CONFOUND_SCHEMA)
+    arms = d.filter(pl.col("control").is_null() | (pl.col("control") == 0)) if "control" in d.columns else d
+    latest = arms.sort("deployment_id").group_by("variant", "repeat", maintain_order=True).last()
+    plains = {
+        (data.setting_of(r["variant"]), r["repeat"]): r
+        for r in latest.filter(pl.col("method") == "none").iter_rows(named=True)
+    }
+    rows = []
+    for r in latest.filter(pl.col("method") != "none").sort("variant", "repeat").iter_rows(named=True):
+        plain = plains.get((data.setting_of(r["variant"]), r["repeat"]))
+        mine, base = _config(r["effective_config"]), _config(plain["effective_config"] if plain else None)
+        if mine is None or base is None:
+            continue
+        rows.append(
+            {
+                "variant": r["variant"],
+                "method": r["method"],
+                "k": r["k"],
+                "baseline_variant": plain["variant"],
+                "repeat": r["repeat"],
+                "differences": base.differences(mine),
+                "sources": " / ".join(["+".join(base.sources), "+".join(mine.sources)]),
+            }
+        )
+    return pl.DataFrame(rows, schema=CONFOUND_SCHEMA)
