@@ -128,6 +128,12 @@ def campaign_notes(data: CampaignData, results: Results) -> list[str]:
             f"{confounded.height} speculative deployment(s) ran with engine settings that differ from plain's "
             "beyond speculation (Validity: confounds); their speedups include that difference"
         )
+    if data.repeats == 2:
+        notes.append(
+            "two repeats: each 95% interval rests on one degree of freedom (t = 12.7 standard errors), so "
+            "intervals are wide and only a large, consistent effect clears the rule; 3-5 repeats make claims "
+            "that a smaller effect can meet"
+        )
     failed = data.campaign.get("failed_cells") or []
     if failed:
         notes.append(f"{len(failed)} cell(s) failed and are left out: {', '.join(failed[:10])}")

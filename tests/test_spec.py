@@ -253,7 +253,10 @@ def test_sampling_and_layout_lists_give_each_setting_a_copy_of_every_variant_and
     spec = parse_spec(sweep())
     base = [v["name"] for v in demo()["variants"]]
     settings = ("greedy-tp2dp1", "greedy-tp1dp2", "topk5-tp2dp1", "topk5-tp1dp2")
-    assert [v.name for v in spec.variants] == [f"{n}-{s}" for s in settings for n in base]
+    # and the demo's A/A control: one, a copy of the reference setting's plain
+    assert [v.name for v in spec.variants] == [f"{n}-{s}" for s in settings for n in base] + [
+        "plain-greedy-tp2dp1-aa"
+    ]
     assert spec.plain.name == "plain-greedy-tp2dp1" and spec.sampling.greedy  # the first setting's
     for setting in settings:
         plain = next(v for v in spec.variants if v.name == f"plain-{setting}")
