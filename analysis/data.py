@@ -56,7 +56,9 @@ class CampaignData:
     waste: pl.DataFrame  # v_profile_waste, latest window per key (may be empty)
     notes: list[str] = field(default_factory=list)
     searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity_searches (may be empty)
-    aa: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_aa: the A/A control against plain (may be empty)
+    aa: pl.DataFrame = field(
+        default_factory=pl.DataFrame
+    )  # v_aa: the A/A control against plain (may be empty)
     client_calibration: dict[str, Any] | None = None  # the campaign's latest client_calibrations row
 
     @property
