@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 from tempfile import mkdtemp
@@ -42,6 +43,7 @@ ARMS = ("apart-quiet", "core-quiet", "apart-busy", "core-busy")
 
 
 def spin(stop_at: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler, inherited by the fork
     while time.monotonic() < stop_at:
         pass
 
