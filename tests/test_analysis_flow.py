@@ -35,10 +35,12 @@ def test_analyze_flow_returns_the_report_and_links_it(prefect_api: None, tmp_pat
     from flows.analyze import analyze
 
     def plant(variant, repeat, workload, load):
-        fast = {"plain": 1.0, "ngram-k3": 1.2, "draft-k3": 1.5}[variant]
-        return profile(0.02 / fast * (1.01, 0.99)[repeat], None if variant == "plain" else 0.4)
+        fast = {"plain": 1.0, "ngram-k3": 1.3, "draft-k3": 1.5}[variant]
+        return profile(0.02 / fast * (1.01, 0.99, 1.0)[repeat], None if variant == "plain" else 0.4)
 
-    builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("flow", repeats=2), plant=plant)
+    # three repeats and a 1.3x gain: the fixture's closed-loop schedule moves per-repeat ratios by ~4%, and
+    # the t interval (two degrees of freedom) must still clear the rule's 1 + 10%
+    builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("flow", repeats=3), plant=plant)
     db = builder.build(tmp_path / "w.duckdb")
 
     result = analyze(db=str(db), reports_dir=str(tmp_path / "reports"))  # None: the latest campaign

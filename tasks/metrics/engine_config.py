@@ -23,6 +23,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from pydantic import ValidationError
 
 from artifacts.documents import EffectiveEngineConfig
 from tasks.metrics.prometheus import MetricsError, parse, scrape
@@ -178,7 +179,12 @@ def observe_engine_config(deployment: Deployment) -> dict[str, Any]:
     except MetricsError:
         metrics_text = ""
     server_info = fetch_server_info(deployment.base_url, deployment.headers())
-    config = EffectiveEngineConfig.model_validate(effective_config(log_text, metrics_text, server_info))
+    stated = effective_config(log_text, metrics_text, server_info)
+    try:
+        config = EffectiveEngineConfig.model_validate(stated)
+    except ValidationError as exc:  # a value of an unexpected type (another vLLM): recorded, never fatal
+        deployment.extra["effective_config_error"] = f"{exc.error_count()} unreadable setting(s): {exc}"[:500]
+        config = EffectiveEngineConfig(sources=stated.get("sources", []))
     deployment.extra["effective_config"] = config.as_written()
     deployment.extra["effective_key"] = config.key()
     return config.as_written()

@@ -318,9 +318,11 @@ BURST_TOLERANCE = 0.10
 def _burst_check(ok: pl.DataFrame) -> BurstCheck:
     """Share of successful responses whose chunks all reached the client at once.
 
-    Such a response was held back (on the embedded engine: vLLM's API server starved of CPU) and delivered
-    in one burst, so its TTFT equals its E2E and its TPOT reads 0: latency figures of the cell are then not
-    token-level observations. Judged ok when at most 10% of the responses burst.
+    Such a response was held back by the server, or read at once by a client that was not scheduled while
+    its chunks queued (why the client stamps chunks with the kernel's receive time: with those, the embedded
+    engine bursts in 0.2% of responses at C <= 4, docs/performance.md), so its TTFT equals its E2E and its
+    TPOT reads 0: latency figures of the cell are then not token-level observations. Judged ok when at most
+    10% of the responses burst.
     """
     multi = ok.filter(pl.col("chunks") >= 4)
     if multi.is_empty():
