@@ -118,10 +118,8 @@ def confounded_pairs(data: CampaignData) -> dict[str, bool]:
     if data.speedup.is_empty() or "confounded" not in data.speedup.columns:
         return {}
     known = data.speedup.filter(pl.col("confounded").is_not_null())
-    return {
-        str(variant): bool(flags.any())
-        for (variant,), flags in known.group_by("variant").agg(pl.col("confounded")).iter_rows()
-    }
+    flags = known.group_by("variant").agg(pl.col("confounded").any())
+    return {str(variant): bool(flag) for variant, flag in flags.iter_rows()}
 
 
 def decide(
