@@ -148,3 +148,13 @@ def test_the_spec_sets_the_rule_parameters_and_the_rule_text_states_them() -> No
     assert decision["min_effect"] == 0.2
     text = rule_text(AnalysisSettings(), DecisionSpec(min_effect=0.2, guardrail=0.08))
     assert "above 1.20" in text and "more than 8%" in text and "below 0.92" in text
+
+
+def test_a_confounded_pair_is_judged_and_named() -> None:
+    data = campaign()
+    data.speedup = pl.DataFrame(
+        {"variant": ["ngram-k3", "ngram-k3", "other"], "confounded": [False, True, None]}
+    )
+    decision = code_decision(data, speedups(gain_row("code", 1.3, 1.2, 1.4), CHAT_FINE))
+    assert decision["confounded"] is True and decision["wins"] is True
+    assert "engine settings differ from plain's beyond speculation" in decision["reason"]
