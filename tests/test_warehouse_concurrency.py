@@ -119,7 +119,7 @@ def test_a_writer_that_waits_too_long_gives_up_with_a_retryable_error(
     raw: RawBuilder, tmp_path: Path
 ) -> None:
     db = tmp_path / "w.duckdb"
-    holder = hold_writer(db, tmp_path / "held", seconds=6)
+    holder = hold_writer(db, tmp_path / "held", seconds=300)  # held until released below
     try:
         heard: list[str] = []
         with pytest.raises(WarehouseBusy, match=f"pid {holder.pid}"):
@@ -131,6 +131,7 @@ def test_a_writer_that_waits_too_long_gives_up_with_a_retryable_error(
         assert only_lock_contention(None, None, busy) is True
         assert only_lock_contention(None, None, other) is False
     finally:
+        (tmp_path / "held.release").write_text("go")
         holder.communicate(timeout=60)
     assert run_ingest(raw.raw_dir, db).ok  # free again: the task's plain function loads everything
 
@@ -165,7 +166,7 @@ def test_readers_never_block_writers(raw: RawBuilder, tmp_path: Path) -> None:
 def test_sql_answers_while_a_writer_works(raw: RawBuilder, tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_raw(raw.raw_dir, db)
-    holder = hold_writer(db, tmp_path / "held", seconds=8)
+    holder = hold_writer(db, tmp_path / "held", seconds=300)  # held until released below
     try:
         query = subprocess.run(
             [*SPECGAUGE, "sql", "SELECT count(*) AS n FROM v_cells", "--db", str(db), "--format", "csv"],
@@ -176,6 +177,7 @@ def test_sql_answers_while_a_writer_works(raw: RawBuilder, tmp_path: Path) -> No
         )
         still_writing = holder.poll() is None
     finally:
+        (tmp_path / "held.release").write_text("go")
         holder.communicate(timeout=60)
     assert query.returncode == 0, query.stderr
     assert query.stdout.splitlines() == ["n", "12"]
