@@ -167,3 +167,48 @@ def test_info_and_rebuild(warehouse: tuple[RawBuilder, Path], tmp_path: Path) ->
     rebuilt = runner.invoke(app, ["warehouse", "rebuild", "--raw", str(raw.raw_dir), "--db", str(db)])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert expected(db) == before
+
+
+def test_sql_reaches_no_file_but_the_warehouse(warehouse: tuple[RawBuilder, Path], tmp_path: Path) -> None:
+    _, db = warehouse
+    outside = tmp_path / "outside.csv"
+    outside.write_text("secret\nvalue\n")
+    for query in (
+        f"SELECT * FROM read_csv('{outside}')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        f"COPY (SELECT 1 AS one) TO '{tmp_path / 'written.csv'}'",
+        f"ATTACH '{tmp_path / 'other.duckdb'}' AS other",
+        "SET enable_external_access = true",
+        "INSTALL httpfs",
+    ):
+        refused = sql(db, query)
+        assert refused.exit_code == 1, (query, refused.output)
+        assert "SQL error" in refused.stderr and "Traceback" not in refused.output
+    assert not (tmp_path / "written.csv").exists() and not (tmp_path / "other.duckdb").exists()
+    assert "--allow-path" in sql(db, f"SELECT * FROM read_csv('{outside}')").stderr
+    # the warehouse itself still answers, and --output files are written for the query
+    assert sql(db, "SELECT count(*) FROM cells", "-f", "csv").stdout.splitlines() == ["count_star()", "12"]
+    out = tmp_path / "cells.parquet"
+    assert sql(db, "SELECT * FROM cells", "-f", "parquet", "-o", str(out)).exit_code == 0
+    assert pl.read_parquet(out).height == 12
+
+
+def test_sql_allow_path_lets_a_local_export_through(
+    warehouse: tuple[RawBuilder, Path], tmp_path: Path
+) -> None:
+    _, db = warehouse
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    target = exports / "cells.csv"
+    wrote = sql(db, f"COPY (SELECT cell_id FROM cells) TO '{target}'", "--allow-path", str(exports))
+    assert wrote.exit_code == 0, wrote.output
+    assert len(target.read_text().splitlines()) == 1 + 12
+    back = sql(
+        db, f"SELECT count(*) AS n FROM read_csv('{target}')", "--allow-path", str(target), "-f", "csv"
+    )
+    assert back.stdout.splitlines() == ["n", "12"]
+    # a listed folder is not a way out of it
+    escape = sql(
+        db, f"SELECT * FROM read_text('{exports}/../../../etc/hostname')", "--allow-path", str(exports)
+    )
+    assert escape.exit_code == 1 and "--allow-path" in escape.stderr

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cached_property
@@ -390,6 +390,26 @@ def reader(
         yield con
     finally:
         con.close()
+
+
+def restrict_file_access(con: duckdb.DuckDBPyConnection, allow: Iterable[Path | str] = ()) -> None:
+    """Let SQL on `con` reach no file but the database it opened, and the files and folders in `allow`.
+
+    For SQL run on someone else's behalf (`specgauge sql`): without this, a read-only connection still
+    reads any file the user can (`read_csv('/etc/passwd')`), writes anywhere (`COPY ... TO`), attaches other
+    databases and installs extensions. DuckDB checks every file system operation against
+    `enable_external_access` and the listed paths; `lock_configuration` keeps the query from undoing it.
+    Spilling to the database's own temp directory keeps working.
+    """
+    folders: list[str] = []
+    files: list[str] = []
+    for entry in allow:
+        path = Path(entry).expanduser().resolve()
+        (folders if path.is_dir() else files).append(str(path))
+    con.execute("SET allowed_directories = ?", [folders])
+    con.execute("SET allowed_paths = ?", [files])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def remove_database(db_path: Path) -> None:

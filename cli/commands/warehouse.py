@@ -192,20 +192,32 @@ def sql(
     max_rows: Annotated[
         int, typer.Option("--max-rows", help="Rows shown by --format table (the rest are counted).", min=1)
     ] = 200,
+    allow_path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--allow-path",
+            help="A file or folder the query may read or write (COPY ... TO, read_csv, ATTACH); repeat for "
+            "more. Without it a query reaches no file but the warehouse.",
+        ),
+    ] = None,
 ) -> None:
     """Query the warehouse read-only (tables, and views such as v_cells, v_speedup, v_acceptance, v_capacity).
 
     Reads the snapshot the last writer left, so a query never blocks a running ingest and sees the
-    warehouse as of the last finished write (it waits only if no write has ever finished).
+    warehouse as of the last finished write (it waits only if no write has ever finished). The query
+    reaches no other file (no read_csv of a system file, no COPY ... TO) unless --allow-path lets it;
+    --output files are written for it.
     """
     import duckdb
 
     from specgauge.errors import InputError
-    from warehouse.db import reader
+    from warehouse.db import reader, restrict_file_access
 
     if output_format is OutputFormat.parquet and output is None:
         raise InputError("--format parquet writes a file: give --output FILE")
+    allowed = [*(allow_path or []), *([output] if output_format is OutputFormat.parquet else [])]
     with reader(db, on_wait=say_waiting) as con:
+        restrict_file_access(con, allowed)
         try:
             relation = con.sql(query)
             if relation is None:
@@ -222,6 +234,8 @@ def sql(
             frame = relation.pl()
         except duckdb.Error as exc:
             hint = " (specgauge sql is read-only)" if "read-only" in str(exc) else ""
+            if isinstance(exc, duckdb.PermissionException):
+                hint = " (specgauge sql reaches no file but the warehouse: --allow-path PATH lets it)"
             raise _fail(f"SQL error: {exc}{hint}", code=1) from None
     if output_format is OutputFormat.table:
         _print_table(frame, types, max_rows)
