@@ -13,8 +13,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from analysis.run import analyze_campaign
+from analysis.serve import report_url
 from flows.ingest import ensure_writer_limit
 from tasks.ingest import only_lock_contention, writer_slot
+
+KEY_CHARTS = ("speedup_closed", "speedup_open", "acceptance_positions", "latency")
+"""Charts shown inline in the run's summary artifact (the report has them all)."""
 
 
 def _artifact_key(campaign_id: str) -> str:
@@ -64,22 +68,33 @@ def analyze(
     report = summary["report"]
     key = _artifact_key(summary["campaign_id"])
     winners = summary["winners"]
+    folder = Path(reports_dir) if reports_dir else None
+    link = report_url(report, folder)
+    served = not link.startswith("file:")
     create_link_artifact(
         key=key,
-        link=Path(report).as_uri(),
+        link=link,
         link_text=f"report of {summary['campaign_id']}",
-        description=f"Analysis {summary['analysis_id']} of campaign {summary['campaign_id']} (opens offline)",
+        description=f"Analysis {summary['analysis_id']} of campaign {summary['campaign_id']}"
+        + ("" if served else " (a file on the worker's machine: start `specgauge reports serve` to link it)"),
     )
+    charts = [  # the key charts inline, where the report server can serve their images
+        f"![{name}]({report_url(files['png'], folder)})"
+        for name, files in summary["charts"].items()
+        if served and name in KEY_CHARTS and Path(files["png"]).exists()
+    ]
     create_markdown_artifact(
         key=key + "-summary",
         markdown="\n".join(
             [
                 f"# Analysis of {summary['campaign_id']}",
                 "",
-                f"Report: [{report}]({Path(report).as_uri()}) (a self-contained page: it renders offline)",
+                f"Report: [{link}]({link})"
+                + ("" if served else " (a self-contained page on the worker's disk)"),
                 "",
                 f"Winners under the decision rule: {', '.join(winners) if winners else 'none'}",
                 "",
+                *(charts and [*charts, ""]),
                 f"Tables: {', '.join(f'`{t}`' for t in summary['tables'])}",
                 *(["", "## Notes", *[f"- {n}" for n in summary["notes"]]] if summary["notes"] else []),
             ]

@@ -9,6 +9,7 @@ Re-running the same spec resumes: finished cells, captures, profiles and verdict
 """
 
 import logging
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
+from experiments.overrides import SpecOverrides, load_spec_with
 from experiments.plan import (
     CampaignPlan,
     CellPlan,
@@ -26,16 +28,18 @@ from experiments.plan import (
     plan_campaign,
     resolve_repo_path,
 )
-from experiments.spec import ExperimentSpec, load_spec
+from experiments.spec import ExperimentSpec
 from flows.analyze import analyze as analyze_flow
 from flows.gate import gate_campaign
 from flows.ingest import ingest as ingest_flow
 from flows.profile import earlier_profile
 from flows.profile import profile as profile_flow
+from flows.progress import ArtifactProgress, cell_artifact
 from flows.retry import is_transient
 from specgauge import progress
 from specgauge.errors import LaunchError
 from specgauge.provenance import utc_now
+from specgauge.settings import REPO_ROOT
 from tasks import campaign as state
 from tasks.capacity import EngineGone, Point, search_deployment
 from tasks.capture import capture
@@ -114,6 +118,7 @@ def cell_task(
     reporter.cell_done(cell.cell_id, outcome.status)
     line = cell_log_line(cell.cell_id, outcome.status, outcome.summary)
     get_run_logger().log(logging.INFO if outcome.status == "ok" else logging.ERROR, "%s", line)
+    cell_artifact(campaign_id, cell.cell_id, state.headline_row(slot, cell, outcome.summary), line)
     return outcome
 
 
@@ -257,10 +262,12 @@ def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan)
 
 
 # -- the campaign's steps -------------------------------------------------------------------------------------
-def plan_step(spec: str, label: str | None) -> tuple[ExperimentSpec, CampaignPlan, Path]:
+def plan_step(
+    spec_file: str, label: str | None, overrides: SpecOverrides
+) -> tuple[ExperimentSpec, CampaignPlan, Path]:
     """Read and plan the spec once; refuse bad input before anything is written; record campaign.json."""
-    spec_path = resolve_repo_path(spec)
-    experiment = load_spec(spec_path)
+    spec_path = resolve_repo_path(spec_file)
+    experiment = load_spec_with(spec_path, overrides)
     plan = plan_campaign(experiment, label)
     check_launchable(experiment, source=str(spec_path))
     directory = state.record_campaign(plan, experiment)
@@ -271,7 +278,7 @@ def plan_step(spec: str, label: str | None) -> tuple[ExperimentSpec, CampaignPla
         len(plan.cells()),
         [list(o) for o in plan.orders],
     )
-    progress.current().campaign(len(plan.cells()), len(plan.deployments))
+    progress.current().campaign(len(plan.cells()), len(plan.deployments), plan.campaign_id)
     return experiment, plan, directory
 
 
@@ -358,24 +365,80 @@ def _reap_on_exit(flow, flow_run, state) -> None:
     session's shared engines)."""
     try:
         parameters = flow_run.parameters
-        experiment = load_spec(resolve_repo_path(parameters.get("spec", "experiments/demo.yaml")))
+        experiment = load_spec_with(resolve_repo_path(spec_file_of(parameters)), overrides_of(parameters))
         prefix = campaign_id_for(experiment, parameters.get("label")) + "."
     except Exception:  # a spec that cannot be read any more: stop everything this process left
         prefix = ""
     reap_leftovers(include_own=True, id_prefix=prefix, saved=SavedBlocks())
 
 
+# -- the run form -----------------------------------------------------------------------------------------------
+# The repo's experiment specs, as the select of the UI's run form (the schema is taken at `prefect deploy`).
+ExperimentFile = Enum(  # type: ignore[misc]
+    "ExperimentFile",
+    {p.stem: f"experiments/{p.name}" for p in sorted((REPO_ROOT / "experiments").glob("*.yaml"))},
+    type=str,
+)
+DEMO = ExperimentFile("experiments/demo.yaml")
+
+
+def spec_file_of(parameters: dict[str, Any]) -> str:
+    """The spec file a campaign run's parameters name: spec_path when given, else the selected spec."""
+    chosen = parameters.get("spec_path") or parameters.get("spec") or DEMO
+    return chosen.value if isinstance(chosen, Enum) else str(chosen)
+
+
+def overrides_of(parameters: dict[str, Any]) -> SpecOverrides:
+    return SpecOverrides.of(
+        parameters.get("variants"),
+        parameters.get("strata"),
+        parameters.get("concurrencies"),
+        parameters.get("repeats"),
+    )
+
+
 # -- the protocol ---------------------------------------------------------------------------------------------
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)
 def campaign(
-    spec: str = "experiments/demo.yaml",
+    spec: ExperimentFile = DEMO,
+    spec_path: str | None = None,
     label: str | None = None,
+    variants: list[str] | None = None,
+    strata: list[str] | None = None,
+    concurrencies: list[int] | None = None,
+    repeats: int | None = None,
     ingest: bool = True,
     gate: bool = True,
     analyze: bool = True,
 ) -> dict[str, Any]:
-    """Run a campaign from an experiment spec (a YAML path relative to the repo root, or absolute)."""
-    experiment, plan, directory = plan_step(spec, label)
+    """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture greedy
+    outputs, tear down; then profile, gate, ingest, analyse and write the report. Re-running the same spec
+    and overrides resumes: finished cells are skipped.
+
+    Args:
+        spec: The experiment spec, from the repo's experiments/ folder.
+        spec_path: Another spec file instead (repo-relative or absolute, on the worker's machine), e.g. one
+            that `specgauge campaign verify-recommendation` wrote.
+        label: A run label: a new campaign id instead of resuming the last run of the same spec.
+        variants: Run only these variants (names as in the report, e.g. draft-k3); plain baselines are
+            always kept. Empty: all.
+        strata: Run only these strata of the spec's workloads (e.g. code, chat). Empty: all.
+        concurrencies: Closed-loop concurrencies instead of the spec's (e.g. 1, 4). Empty: the spec's.
+        repeats: Independently launched deployments per variant instead of the spec's.
+        ingest: Load the raw artifacts into the warehouse afterwards.
+        gate: Run the greedy-correctness gate afterwards.
+        analyze: Analyse and write the report afterwards (needs ingest).
+    """
+    overrides = SpecOverrides.of(variants, strata, concurrencies, repeats)
+    spec_file = spec_file_of({"spec": spec, "spec_path": spec_path})
+    with progress.reporting(progress.Tee(progress.current(), ArtifactProgress())):
+        return _campaign(spec_file, label, overrides, ingest=ingest, gate=gate, analyze=analyze)
+
+
+def _campaign(
+    spec_file: str, label: str | None, overrides: SpecOverrides, *, ingest: bool, gate: bool, analyze: bool
+) -> dict[str, Any]:
+    experiment, plan, directory = plan_step(spec_file, label, overrides)
     started = utc_now()
     result: dict[str, Any] = {"campaign_id": plan.campaign_id, "directory": str(directory)}
     reap_task()

@@ -88,7 +88,7 @@ def regression(
 ) -> Any:
     """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run."""
     experiment = load_spec(resolve_repo_path(spec))
-    result = campaign(spec=spec, label=label or utc_stamp(), gate=False)
+    result = campaign(spec_path=spec, label=label or utc_stamp(), gate=False)
     return regression_check(
         result["campaign_id"], experiment.name, reference=reference, tolerance=tolerance, return_state=True
     )

@@ -27,7 +27,7 @@ def verify_recommendation(campaign_id: str | None = None, workload: str | None =
     """Verify the recommendation of `campaign_id` (default: the latest campaign) on `workload` (needed when
     the campaign has several)."""
     spec = verification_spec_task(campaign_id, workload)
-    result = campaign(spec=spec)
+    result = campaign(spec_path=spec)
     verdicts = verdicts_task(result["campaign_id"])
     for line in verdicts:
         get_run_logger().info("%s", line)

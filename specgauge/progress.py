@@ -1,5 +1,6 @@
-"""Progress for CLI runs: a rich display of cells done, requests, and ETA. Flows report to whatever
-reporter is active; outside the CLI (Prefect workers, tests) the reporter is silent and logs suffice."""
+"""Progress of a campaign: a rich display of cells done, requests and ETA for CLI runs. Flows report to
+whatever reporter is active; the campaign flow adds the Prefect UI's progress artifact
+(flows/progress.py) to it, so a run started anywhere shows its progress in the UI."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from rich.progress import (
 class Reporter:
     """The silent default."""
 
-    def campaign(self, cells: int, deployments: int) -> None: ...
+    def campaign(self, cells: int, deployments: int, campaign_id: str = "") -> None: ...
     def deployment(self, name: str, status: str) -> None: ...
     def cell_started(self, cell_id: str, requests: int) -> None: ...
     def request_done(self) -> None: ...
@@ -43,7 +44,7 @@ class RichReporter(Reporter):
         self.cells_task = None
         self.requests_task = None
 
-    def campaign(self, cells: int, deployments: int) -> None:
+    def campaign(self, cells: int, deployments: int, campaign_id: str = "") -> None:
         self.cells_task = self.progress.add_task(f"cells ({deployments} deployments)", total=cells)
 
     def deployment(self, name: str, status: str) -> None:
@@ -66,6 +67,37 @@ class RichReporter(Reporter):
 
     def note(self, text: str) -> None:
         self.progress.console.log(text)
+
+
+class Tee(Reporter):
+    """Reports to several reporters at once (the CLI's display and the Prefect UI's progress artifact)."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def campaign(self, cells: int, deployments: int, campaign_id: str = "") -> None:
+        for r in self.reporters:
+            r.campaign(cells, deployments, campaign_id)
+
+    def deployment(self, name: str, status: str) -> None:
+        for r in self.reporters:
+            r.deployment(name, status)
+
+    def cell_started(self, cell_id: str, requests: int) -> None:
+        for r in self.reporters:
+            r.cell_started(cell_id, requests)
+
+    def request_done(self) -> None:
+        for r in self.reporters:
+            r.request_done()
+
+    def cell_done(self, cell_id: str, status: str) -> None:
+        for r in self.reporters:
+            r.cell_done(cell_id, status)
+
+    def note(self, text: str) -> None:
+        for r in self.reporters:
+            r.note(text)
 
 
 _current: Reporter = Reporter()

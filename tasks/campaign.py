@@ -124,35 +124,32 @@ def headline_rows(directory: Path, plan: CampaignPlan) -> list[dict[str, Any]]:
     rows = []
     for slot, cell in plan.cells():
         attempts = layout.cell_attempts(cells_dir(directory), cell.cell_id)
-        if not attempts:
-            rows.append(
-                {
-                    "variant": slot.variant.name,
-                    "repeat": slot.repeat,
-                    "workload": cell.workload,
-                    "load": cell.load_label,
-                    "status": "not run",
-                }
-            )
-            continue
-        summary = read_document(attempts[-1] / layout.SUMMARY, CellSummary)
-        counts, latency, spec = summary.requests, summary.latency_s, summary.speculation
-        rows.append(
-            {
-                "variant": slot.variant.name,
-                "repeat": slot.repeat,
-                "workload": cell.workload,
-                "load": cell.load_label,
-                "status": summary.status,
-                "ok": f"{counts.ok}/{counts.total}" if counts else "",
-                "tok/s": _fmt(summary.output_throughput_tok_s),
-                "TTFT p50 s": _fmt(latency.ttft.p50 if latency and latency.ttft else None, 3),
-                "TPOT p50 s": _fmt(latency.tpot.p50 if latency and latency.tpot else None, 4),
-                "acceptance": _fmt(spec.acceptance_rate if spec else None, 3),
-                "mean acc. len": _fmt(spec.mean_acceptance_length if spec else None, 2),
-            }
-        )
+        summary = read_document(attempts[-1] / layout.SUMMARY, CellSummary) if attempts else None
+        rows.append(headline_row(slot, cell, summary))
     return rows
+
+
+def headline_row(slot: DeploymentPlan, cell: CellPlan, summary: CellSummary | None) -> dict[str, Any]:
+    """A cell's headline figures (`status: not run` without a summary)."""
+    row: dict[str, Any] = {
+        "variant": slot.variant.name,
+        "repeat": slot.repeat,
+        "workload": cell.workload,
+        "load": cell.load_label,
+    }
+    if summary is None:
+        return {**row, "status": "not run"}
+    counts, latency, spec = summary.requests, summary.latency_s, summary.speculation
+    return {
+        **row,
+        "status": summary.status,
+        "ok": f"{counts.ok}/{counts.total}" if counts else "",
+        "tok/s": _fmt(summary.output_throughput_tok_s),
+        "TTFT p50 s": _fmt(latency.ttft.p50 if latency and latency.ttft else None, 3),
+        "TPOT p50 s": _fmt(latency.tpot.p50 if latency and latency.tpot else None, 4),
+        "acceptance": _fmt(spec.acceptance_rate if spec else None, 3),
+        "mean acc. len": _fmt(spec.mean_acceptance_length if spec else None, 2),
+    }
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

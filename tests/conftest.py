@@ -226,4 +226,4 @@ def demo_campaign(prefect_harness: None, engines: EnginePool) -> dict:
     engines.stop()  # none is up when the campaign's tests run first; idle engines would compete for the cores
     from flows.campaign import campaign
 
-    return campaign(spec=str(CAMPAIGN_SPEC))
+    return campaign(spec_path=str(CAMPAIGN_SPEC))

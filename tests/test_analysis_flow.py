@@ -5,8 +5,11 @@ engine."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import polars as pl
 import pytest
 from analysis_fixtures import PlantedBuilder, profile
@@ -30,8 +33,26 @@ def _artifact(key: str):
     return found[0]
 
 
+@pytest.fixture
+def report_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The report server on tmp_path/reports, and SPECGAUGE_REPORTS_URL pointing at it."""
+    from analysis.serve import serving
+    from specgauge.settings import get_settings
+
+    with serving(tmp_path / "reports") as base:
+        monkeypatch.setenv("SPECGAUGE_REPORTS_URL", base)
+        get_settings.cache_clear()
+        try:
+            yield base
+        finally:
+            monkeypatch.delenv("SPECGAUGE_REPORTS_URL")
+            get_settings.cache_clear()
+
+
 @pytest.mark.server
-def test_analyze_flow_returns_the_report_and_links_it(prefect_api: None, tmp_path: Path) -> None:
+def test_analyze_flow_returns_the_report_and_links_it(
+    prefect_api: None, report_server: str, tmp_path: Path
+) -> None:
     from flows.analyze import analyze
 
     def plant(variant, repeat, workload, load):
@@ -52,10 +73,19 @@ def test_analyze_flow_returns_the_report_and_links_it(prefect_api: None, tmp_pat
     assert sorted(result["winners"]) == [
         f"{v} chat {c}" for v in ("draft-k3", "ngram-k3") for c in ("c1", "c4")
     ]
+    # one click from the run's artifacts, in a browser anywhere: the link goes through the report server
     link = _artifact(builder.campaign_id.lower() + "-analysis")
-    assert report.as_uri() in str(link.data)  # Prefect stores a link artifact as a markdown link
+    url = f"{report_server}/{builder.campaign_id}/index.html"
+    assert url in str(link.data)  # Prefect stores a link artifact as a markdown link
+    page = httpx.get(url)
+    assert page.status_code == 200 and page.text == report.read_text()
     summary = _artifact(builder.campaign_id.lower() + "-analysis-summary")
     assert "draft-k3 chat c1" in str(summary.data)
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", str(summary.data))
+    assert images and all(i.startswith(f"{report_server}/{builder.campaign_id}/") for i in images), images
+    for image in images:
+        response = httpx.get(image)
+        assert response.status_code == 200 and response.headers["content-type"] == "image/png"
 
 
 @pytest.mark.engine

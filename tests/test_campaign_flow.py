@@ -177,7 +177,7 @@ def test_rerunning_the_campaign_resumes_without_launching(demo_campaign: dict, c
 
     cells_dir = Path(demo_campaign["directory"]) / "cells"
     before = sorted(p.name for p in cells_dir.iterdir())
-    again = campaign(spec=str(campaign_spec), ingest=False, gate=False, analyze=False)
+    again = campaign(spec_path=str(campaign_spec), ingest=False, gate=False, analyze=False)
     assert again["campaign_id"] == demo_campaign["campaign_id"]
     assert all(slot["launches"] == [] for slot in again["deployments"])
     assert sorted(p.name for p in cells_dir.iterdir()) == before
@@ -195,7 +195,7 @@ def test_a_bad_spec_fails_the_flow_naming_the_field(prefect_harness: None, tmp_p
     )
     bad.write_text(text)
     with pytest.raises(SpecError) as info:
-        campaign(spec=str(bad))
+        campaign(spec_path=str(bad))
     line = (
         text.splitlines().index("  - name: draft-k3") + 1
     )  # the variant's own line: the file, line and field
@@ -237,7 +237,7 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
     plan = plan_campaign(load_spec(spec))
     assert plan.gate is not None and plan.gate.treatments == (("ngram-k3", "ngram-k3.r0"),)
 
-    state = campaign(spec=str(spec), analyze=False, return_state=True)
+    state = campaign(spec_path=str(spec), analyze=False, return_state=True)
     result = state.result()
 
     assert result["failed_cells"] == {} and len(result["deployments"]) == 3
@@ -263,6 +263,25 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
     assert set(slot_run.parameters) == {"spec", "campaign_id", "slot", "corpora"}
     assert slot_run.parameters["campaign_id"] == plan.campaign_id
     assert slot_run.parameters["slot"]["deployment_id"] == f"{plan.campaign_id}.ngram-k3.r0"
+
+    # what the UI shows while it runs: cells done of total, and each cell's figures as a table
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks.outcome import artifact_key
+
+    with get_client(sync_client=True) as client:
+        run_artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=artifact_key(plan.campaign_id)))
+        )
+    by_key = {a.key: a for a in run_artifacts}
+    progress = by_key[artifact_key(plan.campaign_id) + "-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    assert f"{len(plan.cells())} of {len(plan.cells())} cells done" in progress.description
+    for _, cell in plan.cells():
+        table = by_key[artifact_key(f"{plan.campaign_id}-{cell.cell_id}")]
+        assert table.type == "table" and cell.cell_id in table.description
+        rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+        assert rows[0]["status"] == "ok" and rows[0]["workload"] == cell.workload, rows
 
 
 def test_flows_validate_their_parameters_when_pickled_by_value() -> None:
@@ -345,7 +364,7 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     spec = tmp_path / "capacity.yaml"
     spec.write_text(yaml.safe_dump(data))
     plan = plan_campaign(load_spec(spec))
-    result = campaign(spec=str(spec), analyze=False)
+    result = campaign(spec_path=str(spec), analyze=False)
     assert result["failed_cells"] == {}, result
     with reader() as con:
         search = con.execute(
@@ -365,5 +384,5 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     assert capacity is not None and 0 < capacity < 16.0 * 1.2, search
     assert failing is not None and capacity < failing
     assert failing / capacity <= 1.3 + 1e-9 or points == 5, search
-    again = campaign(spec=str(spec), analyze=False)  # resumes: the search is done, nothing is launched
+    again = campaign(spec_path=str(spec), analyze=False)  # resumes: the search is done, nothing is launched
     assert again["deployments"][0]["launches"] == [], again

@@ -153,7 +153,7 @@ def test_deployments_from_prefect_yaml_exist_with_a_nightly_schedule(server) -> 
 
 
 def test_a_ui_triggered_campaign_completes_and_lands_in_the_warehouse(server) -> None:
-    run_id = run_deployment(server, "campaign", {"spec": TINY, "gate": False})
+    run_id = run_deployment(server, "campaign", {"spec_path": TINY, "gate": False})
     run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     env = json.loads(server["env"])
@@ -181,7 +181,7 @@ def test_a_ui_triggered_campaign_completes_and_lands_in_the_warehouse(server) ->
 
 def test_a_cancelled_campaign_leaves_no_engine_process(server) -> None:
     home = Path(server["specgauge_home"])
-    run_id = run_deployment(server, "campaign", {"spec": TINY, "label": "to-cancel", "gate": False})
+    run_id = run_deployment(server, "campaign", {"spec_path": TINY, "label": "to-cancel", "gate": False})
     deadline = time.monotonic() + 600
     while not engine_pids(home):  # cancel while the engine is up (starting or serving)
         assert time.monotonic() < deadline, "the engine never started"

@@ -64,7 +64,7 @@ def run_campaign(spec_path: Path, hooks: Hooks | None = None, **options: Any) ->
     assert get_settings().engine_python.name == "standin-engine", "use the standin_engine fixture"
 
     with progress.reporting(hooks or Hooks()):
-        return campaign(spec=str(spec_path), gate=False, analyze=False, **options)
+        return campaign(spec_path=str(spec_path), gate=False, analyze=False, **options)
 
 
 def set_emulator(directory: Path, **config: Any) -> None:
@@ -387,7 +387,7 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
             try:
                 return run_deployment(
                     "campaign/reliability-cancel",
-                    parameters={"spec": str(spec), "ingest": False, "gate": False, "analyze": False},
+                    parameters={"spec_path": str(spec), "ingest": False, "gate": False, "analyze": False},
                     timeout=0,
                 )
             except Exception:  # the deployment is not registered yet

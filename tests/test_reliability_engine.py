@@ -69,10 +69,10 @@ def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
 
     try:
         with progress.reporting(Hooks(on_record=kill_engine)):
-            first = campaign(spec=str(spec), gate=False, analyze=False)
+            first = campaign(spec_path=str(spec), gate=False, analyze=False)
         after_first = attempts(directory)
         launches_first = sorted(p.name for p in (directory / "deployments").iterdir())
-        second = campaign(spec=str(spec), gate=False, analyze=False)  # resume: nothing left to do
+        second = campaign(spec_path=str(spec), gate=False, analyze=False)  # resume: nothing left to do
         launches_second = sorted(p.name for p in (directory / "deployments").iterdir())
     finally:
         pgids = launched_pgids(directory) if (directory / "deployments").exists() else []

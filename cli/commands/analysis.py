@@ -69,6 +69,31 @@ def _print_summary(result) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    reports_app = typer.Typer(help="Reports: serve them to browsers.", no_args_is_help=True)
+    app.add_typer(reports_app, name="reports")
+
+    @reports_app.command("serve")
+    def serve_cmd(
+        host: Annotated[
+            str, typer.Option(help="Address to bind. Another machine's browser needs 0.0.0.0 or this host's.")
+        ] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port.")] = 4280,
+        reports_dir: ReportsOption = None,
+    ) -> None:
+        """Serve the reports folder (read-only, nothing outside it) so that the Prefect UI's report links
+        open in any browser (foreground; Ctrl-C stops it). Flows link there when SPECGAUGE_REPORTS_URL is
+        set (`specgauge prefect worker` sets it to this server's default address)."""
+        from analysis.serve import base_url, report_server
+
+        server = report_server(reports_dir, host, port)
+        console.print(f"serving {server.RequestHandlerClass.keywords['directory']} at {base_url(server)}")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+
     @app.command("analyze")
     def analyze_cmd(
         campaign_id: Annotated[

@@ -12,9 +12,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from analysis.serve import DEFAULT_PORT as REPORTS_PORT
 from specgauge.settings import REPO_ROOT
 
 if TYPE_CHECKING:
+    from experiments.overrides import SpecOverrides
     from experiments.plan import CampaignPlan
     from experiments.spec import ExperimentSpec
 
@@ -124,15 +126,23 @@ def plan_summary(plan: CampaignPlan, spec: ExperimentSpec) -> list[str]:
     return lines
 
 
-def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, analyze: bool) -> dict:
+def run_campaign_cli(
+    spec: str,
+    label: str | None,
+    ingest: bool,
+    gate: bool,
+    analyze: bool,
+    overrides: SpecOverrides | None = None,
+) -> dict:
+    from experiments.overrides import SpecOverrides, load_spec_with
     from experiments.plan import plan_campaign, resolve_repo_path
-    from experiments.spec import load_spec
     from tasks.launch import check_launchable
 
-    # Bad input (spec, corpus, label) fails here, before Prefect is even imported (7 of the 9 s a refusal
-    # took on 2 cores), naming file and field; the CLI's error boundary turns it into one line and exit 2.
+    # Bad input (spec, overrides, corpus, label) fails here, before Prefect is even imported (7 of the 9 s a
+    # refusal took on 2 cores), naming file and field; the CLI's error boundary makes it one line and exit 2.
+    overrides = overrides or SpecOverrides()
     spec_path = resolve_repo_path(spec)
-    experiment = load_spec(spec_path)
+    experiment = load_spec_with(spec_path, overrides)
     plan = plan_campaign(experiment, label)
     check_launchable(experiment, source=str(spec_path))
 
@@ -141,7 +151,17 @@ def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, ana
     from tasks import campaign as state
 
     with reporting(RichReporter()):
-        result = campaign(spec=str(spec_path), label=label, ingest=ingest, gate=gate, analyze=analyze)
+        result = campaign(
+            spec_path=str(spec_path),
+            label=label,
+            variants=list(overrides.variants or []),
+            strata=list(overrides.strata or []),
+            concurrencies=list(overrides.concurrencies or []),
+            repeats=overrides.repeats,
+            ingest=ingest,
+            gate=gate,
+            analyze=analyze,
+        )
     directory = state.campaign_dir(plan.campaign_id)
     console.print(headline_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
     for verdict in result.get("gates", []) or []:
@@ -155,6 +175,21 @@ def run_campaign_cli(spec: str, label: str | None, ingest: bool, gate: bool, ana
         console.print(f"report: {analysis['report']}", markup=False)
     console.print(f"raw artifacts: {directory}", markup=False)
     return result
+
+
+def _listed(value: str | None, option: str, kind: type = str) -> list[str] | None:
+    """A comma-separated option's items; an item `kind` cannot read is refused, naming the option."""
+    from specgauge.errors import InputError
+
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    for item in items:
+        try:
+            kind(item)
+        except ValueError:
+            raise InputError(f"{option}: {item!r} is not a {kind.__name__}") from None
+    return items
 
 
 def register(app: typer.Typer) -> None:
@@ -195,11 +230,35 @@ def register(app: typer.Typer) -> None:
         ingest: Annotated[bool, typer.Option(help="Ingest into the warehouse afterwards.")] = True,
         gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
         analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
+        variants: Annotated[
+            str | None,
+            typer.Option(
+                help="Only these variants, comma-separated (e.g. draft-k3,ngram-k3); plain is kept."
+            ),
+        ] = None,
+        strata: Annotated[
+            str | None, typer.Option(help="Only these strata of the spec's workloads, comma-separated.")
+        ] = None,
+        concurrencies: Annotated[
+            str | None, typer.Option(help="Closed-loop concurrencies instead of the spec's, e.g. 1,4.")
+        ] = None,
+        repeats: Annotated[
+            int | None, typer.Option(help="Deployments per variant instead of the spec's.", min=1)
+        ] = None,
     ) -> None:
         """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
-        then profile, gate, ingest and analyse. Re-running the same spec resumes: finished cells are skipped. Bad input (spec,
-        corpus, label, a draft with another vocabulary) exits with code 2 before anything is written."""
-        run_campaign_cli(spec, label, ingest, gate, analyze)
+        then profile, gate, ingest and analyse. Re-running the same spec (and overrides) resumes: finished
+        cells are skipped. Bad input (spec, override, corpus, label, a draft with another vocabulary) exits
+        with code 2 before anything is written. The overrides are the run form's in the Prefect UI."""
+        from experiments.overrides import SpecOverrides
+
+        overrides = SpecOverrides.of(
+            _listed(variants, "--variants"),
+            _listed(strata, "--strata"),
+            [int(c) for c in _listed(concurrencies, "--concurrencies", int) or []],
+            repeats,
+        )
+        run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
 
     @campaign_app.command("verify-recommendation")
     def verify_cmd(
@@ -238,9 +297,19 @@ def register(app: typer.Typer) -> None:
         return subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO_ROOT, env=env, check=False)
 
     @server_app.command("server")
-    def server_cmd(port: int = typer.Option(4200, help="Port on 127.0.0.1.")) -> None:
-        """Start the Prefect server and UI on 127.0.0.1 (foreground; Ctrl-C stops it)."""
+    def server_cmd(
+        port: int = typer.Option(4200, help="Port on 127.0.0.1."),
+        reports_port: int = typer.Option(
+            REPORTS_PORT, help="Port of the report server started beside it (0: none)."
+        ),
+    ) -> None:
+        """Start the Prefect server and UI on 127.0.0.1, and the report server the runs' report links open
+        (`specgauge reports serve`), in the foreground; Ctrl-C stops both."""
         env = {**os.environ, "PREFECT_PROFILE": "server", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        if reports_port:  # same process group: Ctrl-C reaches it too
+            subprocess.Popen(
+                [sys.executable, "-m", "cli", "reports", "serve", "--port", str(reports_port)], cwd=REPO_ROOT
+            )
         os.execve(sys.executable, prefect_server_argv(port), env)
 
     @server_app.command("deploy")
@@ -257,8 +326,13 @@ def register(app: typer.Typer) -> None:
 
     @server_app.command("worker")
     def worker_cmd() -> None:
-        """Start a process worker for the specgauge pool (foreground)."""
-        env = {**os.environ, "PREFECT_PROFILE": "server"}
+        """Start a process worker for the specgauge pool (foreground). Its runs link reports through the
+        report server `specgauge prefect server` starts (SPECGAUGE_REPORTS_URL, unless set already)."""
+        env = {
+            "SPECGAUGE_REPORTS_URL": f"http://127.0.0.1:{REPORTS_PORT}",
+            **os.environ,
+            "PREFECT_PROFILE": "server",
+        }
         os.execve(
             sys.executable, [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL], env
         )
