@@ -186,6 +186,10 @@ class AnalysisResult:
             if not decisions.is_empty()
             else [],
             "notes": self.results.notes,
+            "valid": is_valid(self.results.validity),
+            "invalid_reasons": None
+            if is_valid(self.results.validity)
+            else str(self.results.validity["reasons"][0]),
             "seconds": round(self.seconds, 3),
         }
 

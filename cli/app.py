@@ -101,6 +101,7 @@ COMMAND_MODULES: list[str] = [
     "metrics",
     "patches",
     "profile",
+    "simulate",
     "warehouse",
 ]
 

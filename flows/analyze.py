@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from analysis.run import analyze_campaign
 from analysis.serve import report_url
+from flows.alerts import CAMPAIGN_INVALID, alert
 from flows.ingest import ensure_writer_limit
 from tasks.ingest import only_lock_contention, writer_slot
 
@@ -101,4 +102,12 @@ def analyze(
         ),
         description=f"What the analysis of {summary['campaign_id']} found",
     )
+    if not summary["valid"]:
+        alert(
+            CAMPAIGN_INVALID,
+            summary["campaign_id"],
+            title=f"campaign {summary['campaign_id']} is invalid: nothing is recommended from it",
+            summary=summary["invalid_reasons"],
+            report=link,
+        )
     return summary

@@ -5,7 +5,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.events import emit_event
 from prefect.states import Failed
 
 from analysis.regression import (
@@ -15,14 +14,17 @@ from analysis.regression import (
     markdown,
     set_reference,
 )
+from analysis.run import report_path
+from analysis.serve import report_url
 from experiments.plan import resolve_repo_path
 from experiments.spec import load_spec
+from flows.alerts import REGRESSION_DETECTED, REGRESSION_FAILED, alert
 from flows.campaign import campaign
 from specgauge.provenance import utc_stamp
 from specgauge.settings import get_settings
 from warehouse.db import reader
 
-REGRESSION_EVENT = "specgauge.regression.detected"
+REGRESSED = "regressed against"  # in the Failed message of a detected regression
 
 
 @flow(name="regression-check")
@@ -63,23 +65,41 @@ def regression_check(
     if not regressed:
         logger.info("no regression against %s (%d figures checked)", reference, len(changes))
         return outcome
-    emit_event(
-        event=REGRESSION_EVENT,
-        resource={"prefect.resource.id": f"specgauge.campaign.{current}", "prefect.resource.name": current},
-        related=[
-            {"prefect.resource.id": f"specgauge.campaign.{reference}", "prefect.resource.role": "reference"}
-        ],
-        payload=outcome,
-    )
     moved = "; ".join(
         f"{c.variant}/{c.workload}/{c.load} {c.figure} x{c.ratio:.2f} [{c.low:.2f}, {c.high:.2f}]"
         for c in regressed
     )
+    alert(
+        REGRESSION_DETECTED,
+        current,
+        title=f"{len(regressed)} figure(s) of {spec_name} regressed against {reference}",
+        summary=moved,
+        report=report_url(report_path(current)) if report_path(current).exists() else None,
+        reference=reference,
+        regressed=outcome["regressed"],
+        checked=outcome["checked"],
+    )
     logger.error("regressed against %s: %s", reference, moved)
-    return Failed(message=f"{len(regressed)} figure(s) regressed against {reference}: {moved}", data=outcome)
+    return Failed(message=f"{len(regressed)} figure(s) {REGRESSED} {reference}: {moved}", data=outcome)
 
 
-@flow(name="regression")
+def _alert_failed_run(flow, flow_run, state) -> None:
+    """on_failure/on_crashed hook of the regression flow: a run that ended without a verdict (a launch that
+    failed, a crash) tells someone too; a detected regression has already said more."""
+    message = state.message or state.name
+    if REGRESSED in message:
+        return
+    spec = flow_run.parameters.get("spec", "experiments/nightly.yaml")
+    alert(
+        REGRESSION_FAILED,
+        f"regression-{flow_run.name}",
+        title=f"the regression run {flow_run.name} of {spec} ended {state.name} without a verdict",
+        summary=message,
+        report=None,
+    )
+
+
+@flow(name="regression", on_failure=[_alert_failed_run], on_crashed=[_alert_failed_run])
 def regression(
     spec: str = "experiments/nightly.yaml",
     label: str | None = None,

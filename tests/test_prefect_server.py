@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -198,3 +200,98 @@ def test_a_cancelled_campaign_leaves_no_engine_process(server) -> None:
     while engine_pids(home) and time.monotonic() < deadline:
         time.sleep(1)
     assert engine_pids(home) == [], "an engine survived the cancellation"
+
+
+def test_the_campaign_form_is_typed_and_explains_itself(server) -> None:
+    """What the UI renders as the campaign's run form: the spec as a select of the repo's experiment specs,
+    and each override with the description the form shows under it."""
+    deployment = api(server, "GET", "/deployments/name/campaign/campaign").json()
+    schema = deployment["parameter_openapi_schema"]
+    choices = schema["definitions"]["ExperimentFile"]["enum"]
+    assert "experiments/demo.yaml" in choices and "experiments/nightly.yaml" in choices
+    assert schema["properties"]["spec"]["$ref"] == "#/definitions/ExperimentFile"
+    for name in ("spec_path", "label", "variants", "strata", "concurrencies", "repeats", "gate"):
+        assert schema["properties"][name].get("description"), name
+    assert "plain baselines are" in schema["properties"]["variants"]["description"]
+    # a value the form could not have produced is refused by the API itself
+    refused = httpx.post(
+        f"{server['api']}/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": {"spec": "experiments/none.yaml"}, "state": {"type": "SCHEDULED"}},
+        timeout=30,
+    )
+    assert refused.status_code in (409, 422), refused.text
+    assert "experiments/none.yaml" in refused.text
+
+
+def test_a_bad_override_from_the_form_fails_before_anything_launches(server) -> None:
+    home = Path(server["specgauge_home"])
+    run_id = run_deployment(server, "campaign", {"spec": "experiments/demo.yaml", "variants": ["draft-k9"]})
+    run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=300)
+    assert run["state"]["type"] == "FAILED", run["state"]
+    message = " ".join(run["state"]["message"].split())
+    assert "variants: no variant draft-k9 (the spec has plain, ngram-k3" in message, message
+    assert not list((home / "raw").glob("demo-*")), "a campaign folder was written"
+    assert engine_pids(home) == []
+
+
+class Receiver(ThreadingHTTPServer):
+    """A local webhook: keeps every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        received = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                received.append(json.loads(self.rfile.read(length) or b"{}"))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_regression_alert_reaches_the_webhook_with_what_moved(server) -> None:
+    receiver = Receiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    env = json.loads(server["env"])
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    try:
+        created = subprocess.run(
+            [sys.executable, "-m", "cli", "prefect", "alerts", "--webhook", url],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert created.returncode == 0, created.stdout + created.stderr
+        assert "automation specgauge-alerts" in created.stdout
+        # the event the regression flow emits when a figure regressed (tests/test_regression.py checks the
+        # flow emits it), sent from another process as a worker's run would
+        fire = (
+            "from flows.alerts import REGRESSION_DETECTED, alert\n"
+            "alert(REGRESSION_DETECTED, 'nightly-20261202t020000', "
+            "title='1 figure(s) of nightly regressed against nightly-20261201t020000', "
+            "summary='draft-k3/code/c4 tpot_p50_speedup x0.62 [0.58, 0.66]', "
+            "report='http://127.0.0.1:4280/nightly-20261202t020000/index.html')\n"
+        )
+        fired = subprocess.run(
+            [sys.executable, "-c", fire], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert fired.returncode == 0, fired.stderr
+        deadline = time.monotonic() + 120
+        while not receiver.bodies and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        receiver.shutdown()
+    assert len(receiver.bodies) == 1, receiver.bodies
+    message = receiver.bodies[0]
+    assert message["subject"] == "specgauge: 1 figure(s) of nightly regressed against nightly-20261201t020000"
+    text = message["text"]
+    assert "draft-k3/code/c4 tpot_p50_speedup x0.62 [0.58, 0.66]" in text  # what, by how much
+    assert "Campaign: nightly-20261202t020000" in text
+    assert "Report: http://127.0.0.1:4280/nightly-20261202t020000/index.html" in text

@@ -65,10 +65,11 @@ def test_the_flow_fails_emits_an_event_and_says_what_moved(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    import flows.alerts
     import flows.regression as regression_flow
 
     emitted: list[dict] = []
-    monkeypatch.setattr(regression_flow, "emit_event", lambda **event: emitted.append(event))
+    monkeypatch.setattr(flows.alerts, "emit_event", lambda **event: emitted.append(event))
     first = build(home, "first", tpot_speedup=1.6, acceptance=0.55)
     state = regression_flow.regression_check(first, "nightly", return_state=True)
     assert state.is_completed() and current_reference(home, "nightly") == first
@@ -78,7 +79,11 @@ def test_the_flow_fails_emits_an_event_and_says_what_moved(
     assert state.is_failed()
     assert "regressed against " + first in state.message
     assert [e["event"] for e in emitted] == ["specgauge.regression.detected"]
-    assert emitted[0]["payload"]["reference"] == first
+    payload = emitted[0]["payload"]
+    assert payload["reference"] == first and payload["campaign_id"] == slower
+    assert payload["title"].endswith(f"figure(s) of nightly regressed against {first}")
+    assert "tpot_p50_speedup x0." in payload["summary"]  # what moved, and by how much
+    assert payload["report"] == "(no report was written)"  # this planted campaign was never analysed
     assert {r["figure"] for r in emitted[0]["payload"]["regressed"]} >= {
         "tpot_p50_speedup",
         "acceptance_rate",

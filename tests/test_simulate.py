@@ -205,15 +205,16 @@ def test_ngram_replay_counts_short_drafts_as_their_length():
 # ------------------------------------------------------------------------------------------- trees, shapes
 
 
-def ranks_proposer(ranks: list[tuple[int, ...]], rid: str = "r0") -> RankedProposer:
-    return RankedProposer("m", {rid: TokenRanks(tuple(ranks))})
+def ranks_proposer(ranks: list[tuple[int, ...]], req: Request) -> RankedProposer:
+    """A model drafter whose candidates for output token i of `req` are ranks[i]."""
+    return RankedProposer("m", {req: TokenRanks(tuple(ranks))})
 
 
 def test_a_tree_finds_the_second_choice_a_chain_misses():
     out = [10, 11, 12, 13, 14, 15]
     # the model's favourite for output[1] is 99; 11 is its second choice; after that it is right
     ranks = [(10, 98), (99, 11), (12, 97), (13, 96), (14, 95), (15, 94), (16, 93)]
-    proposers = {"m": ranks_proposer(ranks)}
+    proposers = {"m": ranks_proposer(ranks, request(out))}
     as_chain = replay_request(
         request(out), parse_shape("chain:k=2@draft")[0].drafter({"draft": proposers["m"]})
     )
@@ -243,7 +244,7 @@ def test_eagle_ranks_depend_on_the_step():
     ranks = StepRanks((tuple((20 + i,) for i in range(6)), tuple((40 + i,) for i in range(6))))
     out = [20, 21, 22, 23, 24, 25]
     c = replay_request(
-        request(out), chain(2, "eagle3").drafter({"eagle3": RankedProposer("e", {"r0": ranks})})
+        request(out), chain(2, "eagle3").drafter({"eagle3": RankedProposer("e", {request(out): ranks})})
     )
     # every step: step 0 right, step 1 wrong -> 1 accepted, emit 2: t = 1, 3, 5 -> 3 drafts, 3 accepted
     assert (c.drafts, c.accepted, c.accepted_per_position) == (3, 3, [3])
@@ -251,29 +252,31 @@ def test_eagle_ranks_depend_on_the_step():
 
 def test_union_finds_what_only_the_second_drafter_had():
     out = [10, 11, 12, 13, 14, 15, 16]
-    wrong = ranks_proposer([(90 + i,) for i in range(8)])
-    proposers = {"draft": wrong, "ngram": NgramProposer(1, 4, 2048)}
     prompt_repeat = Request("r0", "code", (10, 11, 12, 13, 14, 15, 16, 17, 1), tuple(out))
+    wrong = ranks_proposer([(90 + i,) for i in range(8)], prompt_repeat)
+    proposers = {"draft": wrong, "ngram": NgramProposer(1, 4, 2048)}
     only_draft = replay_request(prompt_repeat, parse_shape("chain:k=3@draft")[0].drafter(proposers))
     assert only_draft.accepted == 0
     union = parse_shape("union:k=3@draft+ngram")[0]
     c = replay_request(prompt_repeat, union.drafter(proposers))
-    # the n-gram finds the prompt's copy: t=1 ctx ends [.., 1, 10]: [1, 10]? no; [10] at 0 -> [11, 12, 13]
-    # all accepted -> t=5: ends [.., 14]: [14] at 4 -> [15, 16, 17]: 15, 16 accepted (output ends) -> done
+    # the n-gram finds the prompt's copy: t=1, the context ends [1, 10]: [10] occurs at 0 -> [11, 12, 13],
+    # all accepted -> t=5: it ends [11, 12, 13, 14] (max_n=4), at 1 -> [15, 16, 17]: 15, 16 accepted, the
+    # output ends -> done
     assert (c.drafts, c.accepted) == (2, 5)
     assert c.draft_tokens == 2 * 6  # two chains of 3 that share no node
 
 
 def test_graft_unites_a_tree_with_a_chain_and_merges_shared_nodes():
     out = [10, 11, 12, 13, 14, 15, 16]
-    ranks = [(90 + i, 11 + i - 1 if i else 0) for i in range(9)]  # right only as a second choice
-    proposers = {"draft": ranks_proposer(ranks), "ngram": NgramProposer(1, 4, 2048)}
     prompt_repeat = Request("r0", "code", (10, 11, 12, 13, 14, 15, 16, 17, 1), tuple(out))
-    tree = parse_shape("tree:b=1:budget=2@draft")[0]
+    ranks = [(90 + i, 91 + i) for i in range(9)]  # the model is always wrong, even as a second choice
+    proposers = {"draft": ranks_proposer(ranks, prompt_repeat), "ngram": NgramProposer(1, 4, 2048)}
+    tree = parse_shape("tree:b=2:budget=4@draft")[0]
     assert replay_request(prompt_repeat, tree.drafter(proposers)).accepted == 0
-    graft = parse_shape("graft:b=1:budget=2:k=3@draft+ngram")[0]
+    graft = parse_shape("graft:b=2:budget=4:k=3@draft+ngram")[0]
     c = replay_request(prompt_repeat, graft.drafter(proposers))
-    assert (c.drafts, c.accepted) == (2, 5)
+    assert (c.drafts, c.accepted) == (2, 5)  # the n-gram's chains, as in the union test
+    assert c.draft_tokens == 2 * (4 + 3)
     # a chain united with itself is verified once
     same = TokenTree.from_paths([[1, 2, 3]])
     same.merge(TokenTree.from_paths([[1, 2, 3]]))

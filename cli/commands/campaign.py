@@ -313,9 +313,18 @@ def register(app: typer.Typer) -> None:
         os.execve(sys.executable, prefect_server_argv(port), env)
 
     @server_app.command("deploy")
-    def deploy_cmd() -> None:
+    def deploy_cmd(
+        alert_webhook: Annotated[
+            str | None,
+            typer.Option(
+                envvar="SPECGAUGE_ALERT_WEBHOOK",
+                help="Also send alerts (a regression, a failed regression run, an invalid campaign) to this "
+                "webhook: see `specgauge prefect alerts`.",
+            ),
+        ] = None,
+    ) -> None:
         """Create the process work pool and the deployments of prefect.yaml (campaign, regression, analyze)
-        on the server, and register the block types."""
+        on the server, register the block types, and with --alert-webhook the alerts' automation."""
         prefect_cli("work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli("gcl", "create", "specgauge-warehouse-writer", "--limit", "1")
         done = prefect_cli("--no-prompt", "deploy", "--all")
@@ -323,6 +332,48 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(done.returncode)
         env = {**os.environ, "PREFECT_PROFILE": "server"}
         subprocess.run([sys.executable, "-m", "cli", "blocks", "register"], env=env, check=False)
+        if alert_webhook:
+            alerts = [sys.executable, "-m", "cli", "prefect", "alerts", "--webhook", alert_webhook]
+            if subprocess.run(alerts, env=env, check=False).returncode != 0:
+                raise typer.Exit(2)
+        else:
+            console.print("no alerts: give --alert-webhook URL, or run `specgauge prefect alerts` later")
+
+    @server_app.command("alerts")
+    def alerts_cmd(
+        webhook: Annotated[
+            str | None,
+            typer.Option(
+                help="POST each alert as JSON {subject, text} to this URL (saved as a webhook block)."
+            ),
+        ] = None,
+        block: Annotated[
+            str | None,
+            typer.Option(
+                help="Send through this saved notification block instead, as TYPE/NAME (e.g. "
+                "slack-webhook/team-alerts, email/oncall): any Prefect notification block."
+            ),
+        ] = None,
+    ) -> None:
+        """Create (or replace) the automation that tells someone when a nightly regression regressed or failed,
+        or a campaign was found invalid: the message says what, by how much, and links the report."""
+        from specgauge.errors import InputError
+
+        if (webhook is None) == (block is None):
+            raise InputError("give one of --webhook URL or --block TYPE/NAME")
+        from prefect.settings import get_current_settings
+
+        if not get_current_settings().api.url:  # the local profile's ephemeral API would forget it at exit
+            raise InputError(
+                "alerts live on the Prefect server: run with PREFECT_PROFILE=server (or PREFECT_API_URL set)"
+            )
+        from flows.alerts import AUTOMATION_NAME, ensure_automation, notification_block_id, save_webhook_block
+
+        block_id = save_webhook_block(webhook)._block_document_id if webhook else notification_block_id(block)
+        automation = ensure_automation(block_id)
+        console.print(
+            f"automation {AUTOMATION_NAME} ({automation.id}): alerts go to {webhook or block}", markup=False
+        )
 
     @server_app.command("worker")
     def worker_cmd() -> None:
