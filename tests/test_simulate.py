@@ -373,3 +373,44 @@ def test_validation_compares_served_counters_with_the_replay(tmp_path):
     v2 = validate_capture(item2, DrafterSettings.from_campaign([item2]))
     assert v2.relative_error == pytest.approx(3.0 / 3.3 - 1)
     assert validation_frame([v2]).row(0, named=True)["within_target"] is False
+
+
+# -------------------------------------------------------------------------------------------------- suffix
+
+
+def test_suffix_follows_the_most_frequent_continuation():
+    from analysis.simulate.proposers import SuffixProposer
+
+    # after 5 the context continued with 1 twice and with 2 once: the chain proposes 1, then what followed
+    # "5 1" (both times 5). A match of length m allows max_spec_factor * m tokens: one by default, two at 2.
+    req = Request("r0", "chat", (5, 1, 5, 1, 5, 2, 8), (5,))
+    assert SuffixProposer().tree(req, 1, 1, 2, 2).paths() == [(1,)]
+    proposer = SuffixProposer(max_spec_factor=2.0)
+    assert proposer.tree(req, 1, 1, 2, 2).paths() == [(1, 5)]
+    # a tree of branching 2 holds the second continuation too
+    assert sorted(proposer.tree(req, 1, 2, 3, 1).paths()) == [(1,), (2,)]
+    # a longer match is followed when it scores at least as well: "2 8 5" occurred nowhere, "8 5" neither
+    assert proposer.tree(Request("r0", "chat", (7, 9), (3,)), 1, 1, 3, 3).paths() == [()]
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def test_the_command_names_what_is_wrong(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    (tmp_path / "campaign" / "captures").mkdir(parents=True)
+    runner = CliRunner()
+    cases = {
+        "no captures": ([str(tmp_path / "campaign")], "no complete captures"),
+        "no campaign": ([str(tmp_path / "nowhere")], "not a raw campaign folder"),
+        "unknown shape": ([str(tmp_path / "campaign"), "--shapes", "star:k=3"], "unknown kind 'star'"),
+        "unknown proposer": ([str(tmp_path / "campaign"), "--proposers", "medusa"], "unknown medusa"),
+        "nothing to do": ([str(tmp_path / "campaign"), "--no-validate"], "nothing to do"),
+    }
+    for name, (args, says) in cases.items():
+        done = runner.invoke(app, ["simulate", *args])
+        assert done.exit_code == 2, (name, done.output)
+        assert done.stderr.startswith("error: ") and says in done.stderr, (name, done.stderr)

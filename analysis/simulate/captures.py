@@ -108,15 +108,46 @@ def _corpus_path(capture: Capture) -> Path:
     )
 
 
-def _usable_outputs(capture: Capture, path: Path) -> tuple[list[Output], dict[str, Prompt], list[str]]:
+@dataclass(frozen=True)
+class _ReadCapture:
+    """A capture as read from disk, before any model ran: what is replayable and its prompts."""
+
+    capture: Capture
+    target: Path
+    usable: list[Output]
+    prompts: dict[str, Prompt]
+    notes: list[str]
+
+
+def _read(path: Path) -> _ReadCapture:
+    capture = load_capture(path)
     corpus = load_corpus(_corpus_path(capture))
-    by_id = {p.id: p for p in corpus.prompts}
-    usable = [o for o in capture.outputs if o.ok and o.token_ids is not None and o.prompt_id in by_id]
+    prompts = {p.id: p for p in corpus.prompts}
+    usable = [o for o in capture.outputs if o.ok and o.token_ids is not None and o.prompt_id in prompts]
     if not usable:
         raise ArtifactError(f"{path}: no successful output with token ids to replay")
     skipped = len(capture.outputs) - len(usable)
     notes = [f"{skipped} output(s) failed or without token ids: not replayed"] if skipped else []
-    return usable, by_id, notes
+    return _ReadCapture(capture, target_dir_of(capture), usable, prompts, notes)
+
+
+def _prompt_ids(target: Path, reads: list[_ReadCapture]) -> dict[str, tuple[int, ...]]:
+    """Every prompt of these captures tokenized once, in one worker call."""
+    messages = {pid: read.prompts[pid].chat_messages() for read in reads for pid in read.prompts}
+    wanted = sorted({o.prompt_id for read in reads for o in read.usable})
+    ids = models.tokenize(target, [messages[pid] for pid in wanted])
+    return {pid: tuple(p) for pid, p in zip(wanted, ids, strict=True)}
+
+
+def _tails(
+    target: Path, sequences: set[tuple[tuple[int, ...], tuple[int, ...]]], tokens: int, dtype: str
+) -> dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]]:
+    """The target's continuation of each distinct (prompt, output), in one worker call."""
+    ordered = sorted(sequences)
+    got = models.greedy_tails(
+        target, [list(p) for p, _ in ordered], [list(o) for _, o in ordered], tokens, dtype
+    )
+    return {seq: tuple(tail) for seq, tail in zip(ordered, got, strict=True)}
 
 
 def load_capture_inputs(
@@ -125,46 +156,26 @@ def load_capture_inputs(
     """Read captures and build their requests, with one model-worker call per target for all of them
     (tokenizing, and the tails). `tail_tokens` > 0 asks the target (offline) for that many tokens after
     each output: what the last step verifies past max_tokens (replay.Request.tail)."""
-    read = []
-    for path in paths:
-        capture = load_capture(path)
-        read.append((path, capture, target_dir_of(capture), *_usable_outputs(capture, path)))
-    prompt_ids: dict[tuple[Path, str], tuple[int, ...]] = {}
-    tails: dict[tuple[Path, tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
-    for target in {entry[2] for entry in read}:
-        mine = [entry for entry in read if entry[2] == target]
-        wanted = sorted({o.prompt_id for entry in mine for o in entry[3]})
-        conversations = [next(e[4][pid] for e in mine if pid in e[4]).chat_messages() for pid in wanted]
-        for pid, ids in zip(wanted, models.tokenize(target, conversations), strict=True):
-            prompt_ids[(target, pid)] = tuple(ids)
-        if tail_tokens:
-            sequences = sorted(
-                {(prompt_ids[(target, o.prompt_id)], tuple(o.token_ids or ())) for e in mine for o in e[3]}
-            )
-            got = models.greedy_tails(
-                target, [list(p) for p, _ in sequences], [list(o) for _, o in sequences], tail_tokens, dtype
-            )
-            for (p, o), tail in zip(sequences, got, strict=True):
-                tails[(target, p, o)] = tuple(tail)
-    inputs = []
-    for _path, capture, target, usable, by_id, notes in read:
-        requests = []
-        warnings = list(notes)
-        for o in usable:
-            prompt, output = prompt_ids[(target, o.prompt_id)], tuple(o.token_ids or ())
-            if o.prompt_tokens is not None and o.prompt_tokens != len(prompt):
-                warnings.append(
-                    f"{o.prompt_id}: the chat template gives {len(prompt)} prompt tokens, the server counted "
-                    f"{o.prompt_tokens}"
-                )
-            requests.append(
-                Request(
-                    request_id=o.prompt_id,
-                    stratum=o.workload or by_id[o.prompt_id].workload,
-                    prompt=prompt,
-                    output=output,
-                    tail=tails.get((target, prompt, output), ()),
-                )
-            )
-        inputs.append(CaptureInput(capture, tuple(requests), target, tuple(warnings)))
-    return inputs
+    reads = [_read(path) for path in paths]
+    inputs: dict[int, CaptureInput] = {}
+    for target in sorted({read.target for read in reads}):
+        mine = [(i, read) for i, read in enumerate(reads) if read.target == target]
+        prompt_ids = _prompt_ids(target, [read for _, read in mine])
+        sequences = {
+            (prompt_ids[o.prompt_id], tuple(o.token_ids or ())) for _, read in mine for o in read.usable
+        }
+        tails = _tails(target, sequences, tail_tokens, dtype) if tail_tokens else {}
+        for i, read in mine:
+            requests, warnings = [], list(read.notes)
+            for o in read.usable:
+                prompt, output = prompt_ids[o.prompt_id], tuple(o.token_ids or ())
+                if o.prompt_tokens is not None and o.prompt_tokens != len(prompt):
+                    warnings.append(
+                        f"{o.prompt_id}: the chat template gives {len(prompt)} prompt tokens, the server "
+                        f"counted {o.prompt_tokens}"
+                    )
+                stratum = o.workload or read.prompts[o.prompt_id].workload
+                tail = tails.get((prompt, output), ())
+                requests.append(Request(o.prompt_id, stratum, prompt, output, tail))
+            inputs[i] = CaptureInput(read.capture, tuple(requests), target, tuple(warnings))
+    return [inputs[i] for i in range(len(reads))]

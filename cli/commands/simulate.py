@@ -74,7 +74,8 @@ def validation_table(frame: pl.DataFrame) -> Table:
     )
     for name in ("capture", "k", "drafts s/v", "accepted s/v", "MAL served", "MAL simulated", "rel. error"):
         table.add_column(name, justify="left" if name == "capture" else "right")
-    table.add_column("per position served | simulated", overflow="fold")
+    table.add_column("per position, served", overflow="fold")
+    table.add_column("simulated", overflow="fold")
     for row in frame.iter_rows(named=True):
         error = row["relative_error"]
         mark = "" if row["within_target"] is None else (" ok" if row["within_target"] else " MISS")
@@ -86,7 +87,8 @@ def validation_table(frame: pl.DataFrame) -> Table:
             _fmt(row["served_mean_acceptance_length"]),
             _fmt(row["simulated_mean_acceptance_length"]),
             ("-" if error is None else f"{error:+.1%}") + mark,
-            f"{_fmt(row['served_per_position'])} | {_fmt(row['simulated_per_position'])}",
+            _fmt(row["served_per_position"]),
+            _fmt(row["simulated_per_position"]),
         )
     return table
 
@@ -111,7 +113,10 @@ def projection_table(frame: pl.DataFrame, capture_id: str) -> Table:
 
 def simulate(
     campaign: Annotated[
-        str, typer.Argument(help="Raw campaign folder, or a campaign id under SPECGAUGE_HOME/raw.")
+        str,
+        typer.Argument(
+            metavar="RAW_CAMPAIGN_DIR", help="Raw campaign folder, or a campaign id under SPECGAUGE_HOME/raw."
+        ),
     ],
     shapes: Annotated[
         str | None, typer.Option("--shapes", help="Shapes to project, e.g. 'chain:k=3,tree:b=2:budget=8'.")
@@ -149,6 +154,12 @@ def simulate(
         raise ShapeError(f"--dtype {dtype!r}: bfloat16 or float32")
     if not validate and not shapes:
         raise ShapeError("nothing to do: pass --shapes, or leave --validate on")
+    chosen = [p.strip() for p in proposers.split(",") if p.strip()] if proposers else None
+    unknown = [p for p in chosen or () if p not in PROPOSER_NAMES]
+    if unknown:
+        raise ShapeError(f"--proposers: unknown {', '.join(unknown)} (known: {', '.join(PROPOSER_NAMES)})")
+    if shapes:
+        parse_shapes(shapes, PROPOSER_NAMES)  # a bad shape fails here, before any model runs
     inputs = load_capture_inputs(capture_dirs(_campaign_dir(campaign)), tail_tokens=tail, dtype=dtype)
     for item in inputs:
         for warning in item.warnings:
@@ -164,13 +175,7 @@ def simulate(
             missed = not all(v for v in frame["within_target"].to_list() if v is not None)
     if shapes:
         served = sorted({PROPOSER_OF_METHOD[i.method] for i in inputs if i.method in PROPOSER_OF_METHOD})
-        defaults = [p.strip() for p in proposers.split(",")] if proposers else (served or ["ngram"])
-        unknown = [p for p in defaults if p not in PROPOSER_NAMES]
-        if unknown:
-            raise ShapeError(
-                f"--proposers: unknown {', '.join(unknown)} (known: {', '.join(PROPOSER_NAMES)})"
-            )
-        parsed = parse_shapes(shapes, defaults)
+        parsed = parse_shapes(shapes, chosen or served or ["ngram"])
         try:
             item = outputs_capture(inputs, outputs)
         except KeyError:
