@@ -440,6 +440,56 @@ def waste_chart(waste: pl.DataFrame) -> alt.FacetChart | None:
     )
 
 
+def tree_sim_chart(projections: pl.DataFrame) -> alt.FacetChart | None:
+    """Projected throughput speedup of each simulated shape against concurrency, one panel per workload
+    (analysis/simulate/cost.py); crosses: what the served chains measured, for the cost model's check."""
+    frame = projections.filter(pl.col("projected_speedup").is_not_null())
+    if frame.is_empty():
+        return None
+    frame = frame.with_columns(pl.col("concurrency").cast(pl.Float64).alias("load")).select(
+        "shape",
+        pl.col("stratum").alias("workload"),
+        "load",
+        "load_label",
+        "projected_speedup",
+        "measured_speedup",
+        "mean_acceptance_length",
+        "verified_tokens_per_step",
+    )
+    x = _load_x(frame["load"], "concurrency (closed loop)")
+    # tableau20: the served chains plus a few shapes easily pass the default scheme's 10 colours
+    scale, legend = alt.Scale(scheme="tableau20"), alt.Legend(labelLimit=320)
+    base = alt.Chart().encode(x=x, color=alt.Color("shape:N", title="shape", scale=scale, legend=legend))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y(
+            "projected_speedup:Q", title="projected speedup vs plain (>1 faster)", scale=alt.Scale(zero=False)
+        ),
+        tooltip=[
+            "shape",
+            "workload",
+            "load_label",
+            alt.Tooltip("projected_speedup:Q", format=".3f"),
+            alt.Tooltip("mean_acceptance_length:Q", format=".3f"),
+            alt.Tooltip("verified_tokens_per_step:Q", format=".2f"),
+            alt.Tooltip("measured_speedup:Q", format=".3f"),
+        ],
+    )
+    served = base.mark_point(shape="cross", size=90, filled=True).encode(y="measured_speedup:Q")
+    rule = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1))
+    return (
+        alt.layer(line, served, rule, data=frame)
+        .properties(width=WIDTH, height=HEIGHT)
+        .facet(column=alt.Column("workload:N", title="workload"))
+        .properties(
+            title={
+                "text": "Trees and drafter combinations: projected speedup (offline)",
+                "subtitle": "simulated acceptance on the campaign's greedy captures x a step-time model fitted on "
+                "its cells; crosses: the served chains' measured speedup",
+            }
+        )
+    )
+
+
 def _load_x(loads: pl.Series, title: str) -> alt.X:
     """A log2 load axis whose ticks are the measured loads."""
     values = sorted({float(v) for v in loads.drop_nulls().to_list()})

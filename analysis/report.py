@@ -410,6 +410,118 @@ def validity_section(validity: pl.DataFrame, confounds: pl.DataFrame) -> Section
     )
 
 
+def tree_sim_section(tree_sim: Any, chart_html: str) -> Section:
+    """ "Trees and drafter combinations (offline)": `tree_sim` is analysis.simulate.store.TreeSim (the
+    campaign's latest simulation): validation, where an unserved shape would pay, every projection."""
+    from analysis.simulate.cost import PAY_MARGIN, formula, pay_table
+
+    run, projections, validation = tree_sim.run, tree_sim.projections, tree_sim.validation
+    cost = json.loads(run["cost_model"]) if run.get("cost_model") else None
+    if cost:
+        coefficients = formula(
+            cost["base_s"], cost["per_sequence_s"], cost["per_batch_token_s"], cost["per_pass_s"]
+        )
+        fitted = (
+            f"The cost model is fitted on campaign <b>{html.escape(str(run['fitted_on']))}</b>'s "
+            f"{run['fit_points']} measured closed-loop cells (plain, and each served chain at its verified width): "
+            f"{html.escape(coefficients)}; relative residual rms {fmt_pct(run['fit_rms_residual'])}, max "
+            f"{fmt_pct(run['fit_max_residual'])}."
+        )
+    else:
+        fitted = "No cost model: the warehouse held no measured cells to fit it on, so nothing is projected."
+    limits = (
+        "Limits: acceptance is replayed greedily on the outputs of "
+        f"{html.escape(str(run.get('outputs_capture')))} (exact for the served chains, as the validation shows), whose "
+        "prompts (the capture corpus) need not be the measured cells' workloads, so a stratum's simulated "
+        "acceptance can differ from its cells'; the "
+        "cost model is linear in batch tokens and drafting passes and extrapolates to widths the campaign never "
+        "served (a tree verifying 9 tokens per sequence was not measured), it prices tree attention like chain "
+        "verification and leaves prefill out, and suffix decoding is approximate. A projection is a screen for "
+        "what to serve next, not a measurement."
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in run.get("notes") or [])
+    per_position = Column(
+        "per position served | simulated",
+        lambda r: (
+            " / ".join(f"{v:.2f}" for v in r["served_per_position"] or [])
+            + " | "
+            + " / ".join(f"{v:.2f}" for v in r["simulated_per_position"] or [])
+        ),
+    )
+    return Section(
+        "tree-sim",
+        "Trees and drafter combinations (offline)",
+        '<p class="note">The campaign\'s greedy captures replayed offline through speculative drafting '
+        "(analysis/simulate, docs/simulate.md): how many tokens a chain, a tree, a graft of one drafter's "
+        "candidates onto another's, or two drafters together would have accepted on this traffic, and what "
+        f"that would cost at each measured load. Simulation {html.escape(str(run['simulation_id']))}, "
+        f"{run['created_utc']:%Y-%m-%d %H:%M} UTC, specgauge {html.escape(str(run.get('specgauge_version')))}. "
+        f"{fitted}</p>"
+        + (f"<ul>{notes}</ul>" if notes else "")
+        + "<h3>Simulated against served (vLLM's counters over the same requests)</h3>"
+        + html_table(
+            validation,
+            [
+                Column("capture", lambda r: r["capture_id"] + ("" if r["exact_mirror"] else " (approx.)")),
+                col("k"),
+                col("served_mean_acceptance_length", "served mean acc. len"),
+                col("simulated_mean_acceptance_length", "simulated"),
+                Column(
+                    "rel. error",
+                    lambda r: "–" if r["relative_error"] is None else f"{r['relative_error']:+.2%}",
+                ),
+                col("within_target", "within 5%", fmt_bool),
+                per_position,
+            ],
+            row_class=lambda r: "flag" if r["within_target"] is False else "",
+            empty="no speculative capture with counters to validate against",
+        )
+        + "<h3>Where a tree, a graft or two drafters would pay</h3>"
+        + f'<p class="note">Per workload and load: the best served chain against the best simulated shape by '
+        f"projected throughput speedup over plain (a gain under {PAY_MARGIN:.0%} is within the model's error). "
+        "Measured: what the served chain really did.</p>"
+        + html_table(
+            pay_table(projections),
+            [
+                col("stratum", "workload"),
+                col("load_label", "load"),
+                col("served_shape", "served chain"),
+                col("served_projected", "projected"),
+                col("served_measured", "measured"),
+                col("best_shape", "best shape"),
+                col("best_mean_acceptance_length", "mean acc. len"),
+                col("best_verified_tokens_per_step", "verified / step"),
+                col("best_projected", "projected speedup"),
+                col("verdict"),
+            ],
+            row_class=lambda r: "win" if r["verdict"].startswith("pays") else "",
+            empty="no projection",
+        )
+        + chart_html
+        + "<h3>Every projection</h3>"
+        + html_table(
+            projections,
+            [
+                col("shape"),
+                col("stratum", "workload"),
+                col("load_label", "load"),
+                col("mean_acceptance_length", "mean acc. len"),
+                col("tokens_per_step", "tokens / step"),
+                col("verified_tokens_per_step", "verified / step"),
+                col("batch_tokens", "batch tokens"),
+                col("projected_step_s", "step ms", fmt_ms),
+                col("projected_tpot_s", "TPOT ms", fmt_ms),
+                col("projected_throughput_tok_s", "tok/s"),
+                col("projected_speedup", "projected speedup"),
+                col("measured_speedup", "measured (served)"),
+            ],
+            row_class=lambda r: "flag" if (r["projected_speedup"] or 0) < 1 else "",
+            empty="no projection",
+        )
+        + f'<p class="note">{limits}</p>',
+    )
+
+
 def campaign_sections(
     data, results, charts: dict[str, tuple[ChartFiles, dict[str, Any]]], analysis: dict[str, Any]
 ) -> list[Section]:
@@ -716,6 +828,8 @@ def campaign_sections(
     )
     if "waste" in charts:
         sections.append(Section("waste", "Where engine time went (profiles)", chart("waste", "")))
+    if getattr(results, "tree_sim", None) is not None:
+        sections.append(tree_sim_section(results.tree_sim, chart("tree_sim", "no projection to draw")))
 
     gates = data.gates
     sections.append(

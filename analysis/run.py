@@ -33,6 +33,7 @@ from analysis.decision import decide, decision_rule, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
 from analysis.recommend import Recommendation, Verdict, is_verification, recommend, verification
 from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
+from analysis.simulate.store import TreeSim, load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
 from analysis.validity import confound_table, is_valid, validity_table
@@ -71,6 +72,7 @@ class Results:
     verdicts: list[Verdict] = field(default_factory=list)  # a verification campaign's; report only
     validity: pl.DataFrame = field(default_factory=pl.DataFrame)  # one row: A/A, spread, client error
     confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
+    tree_sim: TreeSim | None = None  # the latest simulation (analysis/simulate); report only
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
@@ -214,7 +216,9 @@ def analyze_campaign(
     with reader(db, on_wait=on_wait) as con:
         data = load_campaign(con, campaign_id)
         latencies = latency_quantiles(con, data.campaign_id)
+        tree_sim = load_tree_sim(con, data.campaign_id)
     results = compute(data, settings)
+    results.tree_sim = tree_sim
     rule = decision_rule(data)
     analysis_id = f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
     folder = Path(reports_dir or get_settings().reports_dir) / data.campaign_id
@@ -268,6 +272,7 @@ CHART_TITLES = {
     "capacity_closed": "Capacity curves (closed loop)",
     "step_time": "Inferred step time against k",
     "waste": "Waste breakdown (profiles)",
+    "tree_sim": "Trees and drafter combinations: projected speedup (offline)",
 }
 
 
@@ -285,6 +290,7 @@ def build_charts(data: CampaignData, results: Results, latencies: pl.DataFrame) 
         "capacity_closed": ch.capacity_chart(data.capacity, "closed"),
         "step_time": ch.step_chart(results.step_points),
         "waste": ch.waste_chart(data.waste),
+        "tree_sim": ch.tree_sim_chart(results.tree_sim.projections) if results.tree_sim else None,
     }
     return {name: chart for name, chart in candidates.items() if chart is not None}
 

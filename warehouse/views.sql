@@ -219,3 +219,14 @@ SELECT
     v.client_ttft_error_p50_s, v.client_ttft_error_p99_s, v.client_tpot_error_p50_s, v.client_tpot_error_p99_s,
     v.client_send_lag_p99_s, v.client_concurrency, v.smallest_latency_difference_s, v.client_error_ok
 FROM analysis_validity v;
+
+-- The latest simulation of each campaign (analysis/simulate/, docs/simulate.md): its projections, with the
+-- run's cost-model fit. Older simulations with other settings stay in tree_sim.
+CREATE OR REPLACE VIEW v_tree_sim AS
+WITH latest AS (
+    SELECT * FROM tree_sim_runs
+    QUALIFY row_number() OVER (PARTITION BY campaign_id ORDER BY created_utc DESC, simulation_id DESC) = 1
+)
+SELECT t.*, l.fit_points, l.fit_rms_residual, l.fit_max_residual, l.outputs_capture
+FROM tree_sim t
+JOIN latest l USING (campaign_id, simulation_id);

@@ -2,7 +2,7 @@
 the embedded setup: the application's venv has neither). It imports nothing from specgauge, so that any
 such interpreter can run it as a script: `python model_worker.py < request.json > answer.json`.
 
-Requests (one JSON object on stdin, `op` says which):
+Requests (one JSON object on stdin, `op` says which; with `--serve`, one per line, answered line by line):
 - `tokenize`: the prompt token ids of each conversation, the chat template applied as vLLM's chat endpoint
   does (`apply_chat_template(messages, add_generation_prompt=True)`, no extra special tokens).
 - `draft_ranks`: per sequence (prompt + output), the draft model's top-`top` next-token ids at every output
@@ -157,9 +157,31 @@ OPS = {
 }
 
 
+def serve() -> int:
+    """`--serve`: one request per stdin line, one answer per stdout line, until stdin closes; so a
+    caller with several ops pays for importing torch and transformers once (models.worker_session).
+    A failed op answers {"error": ...} and the loop goes on."""
+    import torch
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        torch.set_num_threads(int(request.get("threads", 1)))
+        try:
+            answer = OPS[request["op"]](request)
+        except (Exception, SystemExit) as exc:  # the caller gets it as the op's error, with its type
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
     import torch
 
+    if "--serve" in sys.argv[1:]:
+        return serve()
     request = json.load(sys.stdin)
     torch.set_num_threads(int(request.get("threads", 1)))
     answer = OPS[request["op"]](request)

@@ -1,7 +1,7 @@
 """Running the model side (model_worker.py) from the application, which has no torch.
 
 The worker runs under the first Python that has torch and transformers: this one, else the engine's
-(`SPECGAUGE_ENGINE_PYTHON`, `.engine-venv/bin/python`). One process per call, JSON in and out; the
+(`SPECGAUGE_ENGINE_PYTHON`, `.engine-venv/bin/python`). One process per call, JSON in and out (or one process for every call of a `worker_session()` block); the
 answers of a call are cached on disk under SPECGAUGE_HOME/cache/simulate/, keyed by the request and the
 model files' sizes and times, so a second replay of the same campaign does not run the models again.
 """
@@ -14,6 +14,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,93 @@ def _fingerprint(paths: list[str]) -> list[list[Any]]:
     return prints
 
 
+def _worker_env() -> dict[str, str]:
+    return {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def _run_once(payload: str, op: str) -> dict[str, Any]:
+    """One op in a process of its own."""
+    python = model_python()
+    done = subprocess.run(
+        [str(python), str(WORKER)],
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=_worker_env(),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ModelWorkerError(
+            f"model worker ({python} {WORKER}, op {op}) failed with exit {done.returncode}: "
+            f"{done.stderr.strip()[-1500:]}"
+        )
+    return json.loads(done.stdout)
+
+
+class _Session:
+    """One worker process (`model_worker.py --serve`) answering every op of a `worker_session()` block,
+    started at the first op the cache cannot answer: torch and transformers are imported once (1-3 min
+    on 2 busy cores) instead of once per op."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+        # a file, not a pipe: a full pipe would block the worker; closed in close()
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+
+    def ask(self, payload: str, op: str) -> dict[str, Any]:
+        if self.process is None:
+            self.process = subprocess.Popen(
+                [str(model_python()), str(WORKER), "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                text=True,
+                env=_worker_env(),
+            )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(payload + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        answer = json.loads(line) if line.strip() else None
+        if answer is None or "error" in answer:
+            self.stderr.seek(0)
+            why = answer["error"] if answer else f"exit {self.process.poll()}: " + self.stderr.read()[-1500:]
+            raise ModelWorkerError(f"model worker ({WORKER} --serve, op {op}) failed: {why}")
+        return answer
+
+    def close(self) -> None:
+        if self.process is not None:
+            if self.process.stdin:
+                self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.stderr.close()
+
+
+_session: _Session | None = None
+
+
+@contextmanager
+def worker_session() -> Iterator[None]:
+    """Within the block, every uncached model op goes to one worker process (started on first use)."""
+    global _session
+    if _session is not None:  # nested: the outer session serves
+        yield
+        return
+    _session = _Session()
+    try:
+        yield
+    finally:
+        session, _session = _session, None
+        session.close()
+
+
 def run_worker(request: dict[str, Any], *, model_dirs: list[str], cache: bool = True) -> dict[str, Any]:
     """Run one worker op; `model_dirs` are the folders it reads (for the cache key)."""
     payload = json.dumps(request, sort_keys=True)
@@ -60,17 +150,9 @@ def run_worker(request: dict[str, Any], *, model_dirs: list[str], cache: bool = 
     cache_file = get_settings().home / "cache" / "simulate" / f"{request['op']}-{key}.json"
     if cache and cache_file.is_file():
         return json.loads(cache_file.read_text())
-    python = model_python()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    done = subprocess.run(
-        [str(python), str(WORKER)], input=payload, capture_output=True, text=True, env=env, check=False
+    answer = (
+        _session.ask(payload, request["op"]) if _session is not None else _run_once(payload, request["op"])
     )
-    if done.returncode != 0:
-        raise ModelWorkerError(
-            f"model worker ({python} {WORKER}, op {request['op']}) failed with exit {done.returncode}: "
-            f"{done.stderr.strip()[-1500:]}"
-        )
-    answer = json.loads(done.stdout)
     if cache:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")

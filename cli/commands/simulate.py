@@ -7,7 +7,6 @@ drafters) go to the CLI's one error boundary (exit 2). No Prefect on this path.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -39,23 +38,19 @@ SIMULATE_HELP = "\n\n".join(
         "campaign's draft model), eagle3 (its EAGLE-3 head). Without @, chain and tree apply to each of "
         "--proposers (default: the methods the campaign served).",
         "The draft model and EAGLE-3 run on the CPU through a Python with torch and transformers (the "
-        "engine's venv); their answers are cached under SPECGAUGE_HOME/cache/simulate.",
+        "engine's venv, one process for the whole run); their answers are cached under "
+        "SPECGAUGE_HOME/cache/simulate.",
+        "Cost: when the warehouse holds the campaign's measured cells, a step-time model is fitted on them "
+        "(plain's TPOT per load, each served chain's TPOT x tokens per step at its verified width) and each "
+        "shape gets a projected TPOT, throughput and speedup at every closed-loop load of the campaign. The "
+        "served chains of the campaign are always simulated too (the fit needs them).",
+        "--store (default: when the warehouse holds the campaign's cells): write the tree_sim, tree_sim_runs "
+        "and tree_sim_validation tables (re-running the same settings replaces that simulation's rows), then "
+        "re-render the campaign's report (--no-report to skip; `specgauge analyze CAMPAIGN` also refreshes "
+        'it) so that it shows the section "Trees and drafter combinations (offline)". --no-store: print only.',
         "Exit 0: done; 1: a validated configuration missed the 5% target; 2: an error.",
     ]
 )
-
-
-def _campaign_dir(text: str) -> Path:
-    from specgauge.errors import InputError
-    from specgauge.settings import get_settings
-
-    path = Path(text)
-    if path.is_dir():
-        return path
-    under_raw = get_settings().raw_dir / text
-    if under_raw.is_dir():
-        return under_raw
-    raise InputError(f"{text}: not a raw campaign folder, nor a campaign id under {get_settings().raw_dir}")
 
 
 def _fmt(value: object, digits: int = 3) -> str:
@@ -111,6 +106,38 @@ def projection_table(frame: pl.DataFrame, capture_id: str) -> Table:
     return table
 
 
+def cost_table(frame: pl.DataFrame) -> Table:
+    table = Table(title="projected at the campaign's loads (cost model)", title_justify="left")
+    for name in (
+        "shape",
+        "stratum",
+        "load",
+        "verified/step",
+        "step ms",
+        "TPOT ms",
+        "tok/s",
+        "speedup",
+        "measured",
+    ):
+        # fold, not cut: a shape's name is what the row is about
+        left = name in ("shape", "stratum", "load")
+        table.add_column(name, justify="left" if left else "right", overflow="fold")
+    for row in frame.iter_rows(named=True):
+        ms = [None if row[c] is None else row[c] * 1000 for c in ("projected_step_s", "projected_tpot_s")]
+        table.add_row(
+            row["shape"],
+            row["stratum"],
+            row["load_label"],
+            _fmt(row["verified_tokens_per_step"], 1),
+            _fmt(ms[0], 2),
+            _fmt(ms[1], 2),
+            _fmt(row["projected_throughput_tok_s"], 1),
+            _fmt(row["projected_speedup"]),
+            _fmt(row["measured_speedup"]),
+        )
+    return table
+
+
 def simulate(
     campaign: Annotated[
         str,
@@ -144,46 +171,59 @@ def simulate(
     dtype: Annotated[
         str, typer.Option("--dtype", help="Model drafters' dtype: bfloat16 (as served) or float32.")
     ] = "bfloat16",
+    store: Annotated[
+        bool | None,
+        typer.Option(
+            "--store/--no-store",
+            help="Write the tree_sim tables (default: when the warehouse holds the campaign's cells).",
+        ),
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="After storing, re-render the campaign's report.")
+    ] = True,
 ) -> None:
-    from analysis.simulate.captures import capture_dirs, load_capture_inputs
-    from analysis.simulate.run import DrafterSettings, outputs_capture, projection_frame, simulate_shapes
-    from analysis.simulate.shapes import PROPOSER_NAMES, ShapeError, parse_shapes
-    from analysis.simulate.validate import PROPOSER_OF_METHOD, validate_campaign, validation_frame
+    from analysis.simulate.campaign import simulate_campaign
+    from analysis.simulate.shapes import ShapeError
 
-    if dtype not in ("bfloat16", "float32"):
-        raise ShapeError(f"--dtype {dtype!r}: bfloat16 or float32")
     if not validate and not shapes:
         raise ShapeError("nothing to do: pass --shapes, or leave --validate on")
     chosen = [p.strip() for p in proposers.split(",") if p.strip()] if proposers else None
-    unknown = [p for p in chosen or () if p not in PROPOSER_NAMES]
-    if unknown:
-        raise ShapeError(f"--proposers: unknown {', '.join(unknown)} (known: {', '.join(PROPOSER_NAMES)})")
-    if shapes:
-        parse_shapes(shapes, PROPOSER_NAMES)  # a bad shape fails here, before any model runs
-    inputs = load_capture_inputs(capture_dirs(_campaign_dir(campaign)), tail_tokens=tail, dtype=dtype)
-    for item in inputs:
-        for warning in item.warnings:
-            err_console.print(f"warning: {item.capture.capture_id}: {warning}", markup=False, highlight=False)
-    settings = DrafterSettings.from_campaign(inputs, dtype=dtype)
-    missed = False
+    result = simulate_campaign(
+        campaign,
+        shapes,
+        proposers=chosen,
+        outputs=outputs,
+        tail=tail,
+        dtype=dtype,
+        validate=validate,
+        store=store,
+        on_warning=lambda m: err_console.print(f"warning: {m}", markup=False, highlight=False),
+    )
     if validate:
-        frame = validation_frame(validate_campaign(inputs, settings))
-        if frame.is_empty():
+        if result.validation.is_empty():
             err_console.print("no speculative capture with counters to validate against", markup=False)
         else:
-            console.print(validation_table(frame))
-            missed = not all(v for v in frame["within_target"].to_list() if v is not None)
+            console.print(validation_table(result.validation))
     if shapes:
-        served = sorted({PROPOSER_OF_METHOD[i.method] for i in inputs if i.method in PROPOSER_OF_METHOD})
-        parsed = parse_shapes(shapes, chosen or served or ["ngram"])
-        try:
-            item = outputs_capture(inputs, outputs)
-        except KeyError:
-            known = ", ".join(i.capture.capture_id for i in inputs)
-            raise ShapeError(f"--outputs {outputs}: no such capture (captures: {known})") from None
-        frame = projection_frame(item, simulate_shapes(item, parsed, settings))
-        console.print(projection_table(frame, item.capture.capture_id))
-    if missed:
+        console.print(projection_table(result.replays, result.outputs_capture))
+    if not result.projections.is_empty():
+        console.print(cost_table(result.projections))
+    if result.cost:
+        console.print(f"cost model: {result.cost.describe()}", markup=False)
+    for note in result.notes:
+        err_console.print(f"note: {note}", markup=False, highlight=False)
+    if result.rows:
+        console.print(
+            f"stored simulation {result.simulation_id}: "
+            + ", ".join(f"{table} {n}" for table, n in result.rows.items()),
+            markup=False,
+        )
+        if report:
+            from analysis.run import analyze_campaign
+
+            analysis = analyze_campaign(result.campaign_id)
+            console.print(f"report: {analysis.report}", markup=False)
+    if result.missed_target:
         raise typer.Exit(code=1)
 
 

@@ -1,0 +1,78 @@
+"""The simulate flow: replay a campaign's greedy captures offline (trees, grafts, two drafters), validate
+the replay against the served counters, project each shape's cost from the campaign's measured cells,
+store the tree_sim tables, then re-render the campaign's report with its "Trees and drafter combinations
+(offline)" section.
+
+Thin: analysis.simulate.campaign.simulate_campaign does the work; this flow adds the writer's global
+concurrency limit, a retry on lock contention, and the analyze flow for the report.
+"""
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from analysis.simulate.campaign import simulate_campaign
+from flows.ingest import ensure_writer_limit
+from tasks.ingest import only_lock_contention, writer_slot
+
+
+@task(
+    name="simulate-campaign",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[10, 30],
+    retry_condition_fn=only_lock_contention,
+)
+def simulate_task(
+    campaign_id: str, shapes: str | None, db: str | None, proposers: list[str] | None, tail: int, dtype: str
+) -> dict[str, Any]:
+    logger = get_run_logger()
+    result = simulate_campaign(
+        campaign_id,
+        shapes,
+        db_path=db,
+        proposers=proposers,
+        tail=tail,
+        dtype=dtype,
+        store=True,
+        on_wait=logger.warning,
+        on_warning=logger.warning,
+        write_guard=lambda: writer_slot(db),
+    )
+    logger.info(
+        "simulated %s in %.1f s: %d validated (%s), %d projections; %s",
+        result.campaign_id,
+        result.seconds,
+        result.validation.height,
+        "a miss" if result.missed_target else "all within 5%",
+        result.projections.height,
+        result.cost.describe() if result.cost else "no cost model",
+    )
+    for note in result.notes:
+        logger.warning("%s", note)
+    return result.as_dict()
+
+
+@flow(name="simulate", log_prints=True)
+def simulate(
+    campaign_id: str,
+    shapes: str | None = None,
+    db: str | None = None,
+    reports_dir: str | None = None,
+    proposers: list[str] | None = None,
+    tail: int = 8,
+    dtype: str = "bfloat16",
+    report: bool = True,
+) -> dict[str, Any]:
+    """Simulate a campaign that is in the warehouse, store its tree_sim rows and (with `report`) re-render
+    its report. Returns the simulation's summary, with "report" when it was rendered."""
+    ensure_writer_limit()
+    summary = simulate_task(campaign_id, shapes, db, proposers, tail, dtype)
+    if report:
+        from flows.analyze import analyze
+
+        summary["report"] = analyze(campaign_id=summary["campaign_id"], db=db, reports_dir=reports_dir)[
+            "report"
+        ]
+    return summary
