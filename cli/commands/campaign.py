@@ -298,7 +298,9 @@ def register(app: typer.Typer) -> None:
         try:
             summary = simulate(campaign_id=result["campaign_id"], shapes=shapes)
         except Exception as exc:  # the offline section is an extra: the demo's report must not hang on it
-            console.print(f"the offline simulation failed ({exc}); the report has no section on it", markup=False)
+            console.print(
+                f"the offline simulation failed ({exc}); the report has no section on it", markup=False
+            )
             from flows.analyze import analyze
 
             summary = {"report": analyze(campaign_id=result["campaign_id"])["report"]}

@@ -7,6 +7,7 @@ command -v slurmctld >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || [ -x /usr/sbin/munged ] || need+=(munge)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)  # selenium drives the Prefect UI with it
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
