@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
 from experiments.overrides import SpecOverrides, load_spec_with
@@ -351,7 +352,7 @@ def record_step(plan: CampaignPlan, directory: Path, started: str, result: dict[
     report = analysis.get("report") if isinstance(analysis, dict) else None
     create_markdown_artifact(
         key=artifact_key(plan.campaign_id) + "-report",
-        markdown=report_markdown(plan, directory, report, failed),
+        markdown=report_markdown(plan, directory, report_url(report) if report else None, failed),
         description=f"Where the results of {plan.campaign_id} are",
     )
     return result

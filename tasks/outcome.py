@@ -62,10 +62,13 @@ def artifact_key(campaign_id: str) -> str:
 
 
 def report_markdown(plan: CampaignPlan, directory: Path, report: str | None, failed: dict[str, str]) -> str:
-    """Where the results of a campaign are (the raw tree, the report page) and which cells are not ok."""
+    """Where the results of a campaign are (the raw tree, the report page: a URL, through the report server
+    when one serves it, else file://) and which cells are not ok."""
     lines = [f"# Campaign {plan.campaign_id}", "", f"Raw artifacts: `{directory}`"]
-    if report:
-        lines.append(f"Report: [{report}](file://{report})  (open it in a browser; it renders offline)")
+    if report and report.startswith("file:"):
+        lines.append(f"Report: [{report}]({report})  (a page on the worker's disk; it renders offline)")
+    elif report:
+        lines.append(f"Report: [{report}]({report})")
     if failed:
         lines += ["", "## Cells not ok", *[f"- `{cell}`: {status}" for cell, status in failed.items()]]
     return "\n".join(lines)

@@ -11,8 +11,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -23,6 +25,7 @@ from tasks.launch.local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "tests" / "data" / "specs" / "tiny.yaml")
+CHROMEDRIVER = "/usr/bin/chromedriver"
 
 # A campaign through a worker waits up to 15 minutes for its flow run (the default timeout is 5).
 pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.timeout(1200)]
@@ -44,7 +47,7 @@ def engine_pids(home: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[dict[str, str]]:
     home = tmp_path_factory.mktemp("prefect-e2e")
-    port = free_port()
+    port, reports_port = free_port(), free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home / "prefect"),
@@ -55,6 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
         "PREFECT_WORKER_PREFETCH_SECONDS": "2",
         "SPECGAUGE_HOME": str(home / "specgauge"),
         "SPECGAUGE_REPO": str(REPO),
+        "SPECGAUGE_REPORTS_URL": f"http://127.0.0.1:{reports_port}",  # the worker's runs link reports there
     }
     with open(home / "server.log", "wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
@@ -65,6 +69,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
             start_new_session=True,
         )
     worker = None
+    reports = subprocess.Popen(  # the report server `specgauge prefect server` starts beside the UI
+        [sys.executable, "-m", "cli", "reports", "serve", "--port", str(reports_port)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -95,18 +107,74 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
             )
         yield {
             "api": f"http://127.0.0.1:{port}/api",
+            "ui": f"http://127.0.0.1:{port}",
+            "reports": env["SPECGAUGE_REPORTS_URL"],
             "home": str(home),
             "specgauge_home": env["SPECGAUGE_HOME"],
             "env": json.dumps(env),
         }
     finally:
-        for p in (worker, proc):
+        for p in (worker, proc, reports):
             if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
                 try:
                     p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)  # the worker ignores a first SIGTERM at times
+
+
+DOCS_IMG = REPO / "docs" / "img"  # the README's screenshots come from the browser test
+
+
+@contextmanager
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Debian's chromium, headless, driven through its chromedriver by selenium."""
+    if not Path(CHROMEDRIVER).exists():
+        pytest.skip("Debian's chromium-driver is not installed (apt-get install chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100"):
+        options.add_argument(argument)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium'}")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver: Any, ready: Any, timeout_s: float = 30) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout_s, poll_frequency=0.5).until(lambda _: ready())
+
+
+def runs_labelled(server: dict[str, str], deployment_id: str, label: str) -> list[str]:
+    """Ids of the deployment's flow runs whose `label` parameter is `label`."""
+    runs = api(
+        server, "POST", "/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}
+    ).json()
+    return [r["id"] for r in runs if r["parameters"].get("label") == label]
+
+
+def fill_text_parameter(driver: Any, name: str, value: str) -> None:
+    """An optional string parameter of Prefect's run form: pick its `str` type (it shows `None` first),
+    then type into the field that appears."""
+    from selenium.webdriver.common.by import By
+
+    where = (
+        f"//label[normalize-space()='{name} (Optional)']/ancestor::*[.//button[normalize-space()='str']][1]"
+    )
+    text_input = f"{where}//textarea"  # Prefect's form renders a string parameter as a textarea
+    driver.find_element(By.XPATH, f"{where}//button[normalize-space()='str']").click()
+    wait_for(driver, lambda: driver.find_elements(By.XPATH, text_input))  # the form re-renders the parameter
+    field = driver.find_element(By.XPATH, text_input)
+    field.clear()
+    field.send_keys(value)
 
 
 # Prefect's server answers 503 for errors a client may retry (a busy SQLite database, say) and its own
@@ -154,10 +222,50 @@ def test_deployments_from_prefect_yaml_exist_with_a_nightly_schedule(server) -> 
     assert [s["schedule"]["cron"] for s in regression["schedules"]] == ["0 2 * * *"]
 
 
-def test_a_ui_triggered_campaign_completes_and_lands_in_the_warehouse(server) -> None:
-    run_id = run_deployment(server, "campaign", {"spec_path": TINY, "gate": False})
-    run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
-    assert run["state"]["type"] == "COMPLETED", run["state"]
+@pytest.mark.chromium
+def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_opens(
+    server, tmp_path: Path
+) -> None:
+    """A person's path through the UI, in Debian's chromium (selenium): the campaign deployment's run form,
+    filled (a spec file and a label); Submit; the run completes on the worker and lands in the warehouse;
+    its artifacts link the report through the report server, where a chart renders."""
+    from selenium.webdriver.common.by import By
+
+    deployment = api(server, "GET", "/deployments/name/campaign/campaign").json()
+    with browser(tmp_path) as driver:
+        driver.get(f"{server['ui']}/deployments/deployment/{deployment['id']}/run")
+        wait_for(driver, lambda: driver.find_elements(By.XPATH, "//button[normalize-space()='Submit']"))
+        fill_text_parameter(driver, "spec_path", TINY)
+        fill_text_parameter(driver, "label", "from-the-browser")
+        driver.save_screenshot(str(DOCS_IMG / "ui-run-form.png"))
+        driver.find_element(By.XPATH, "//button[normalize-space()='Submit']").click()
+        wait_for(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), timeout_s=60)
+        (run_id,) = runs_labelled(server, deployment["id"], "from-the-browser")
+        run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert run["parameters"]["spec_path"] == TINY and run["parameters"]["label"] == "from-the-browser"
+
+        driver.get(f"{server['ui']}/runs/flow-run/{run_id}?tab=Artifacts")
+        time.sleep(5)  # the run page renders its tabs asynchronously; the screenshot is for the README
+        driver.save_screenshot(str(DOCS_IMG / "ui-finished-run.png"))
+        # the campaign run's "where the results are" artifact, opened as a person clicks it in that tab
+        (artifact,) = api(
+            server,
+            "POST",
+            "/artifacts/filter",
+            json={"flow_runs": {"id": {"any_": [run_id]}}, "artifacts": {"key": {"like_": "-report"}}},
+        ).json()
+        driver.get(f"{server['ui']}/artifacts/artifact/{artifact['id']}")
+        report_links = f"//a[starts-with(@href, '{server['reports']}/')]"
+        wait_for(driver, lambda: driver.find_elements(By.XPATH, report_links), timeout_s=60)
+        driver.save_screenshot(str(DOCS_IMG / "ui-report-artifact.png"))
+        link = driver.find_element(By.XPATH, report_links)
+        assert link.get_attribute("href").endswith("/index.html")
+        driver.get(link.get_attribute("href"))  # the link's target, in this tab
+        rendered = "return document.querySelectorAll('.chart svg').length"
+        wait_for(driver, lambda: driver.execute_script(rendered) > 0, timeout_s=60)
+        assert "tiny-" in driver.title or "tiny-" in driver.page_source
+
     env = json.loads(server["env"])
     out = subprocess.run(
         [
