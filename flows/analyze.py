@@ -63,7 +63,15 @@ def analyze(
     """Analyse a campaign already in the warehouse (default: the latest) and write its report.
 
     Returns {"campaign_id", "analysis_id", "report": <index.html>, "tables": [...], "charts", "winners",
-    "notes", ...}."""
+    "notes", ...}.
+
+    Args:
+        campaign_id: The campaign to analyse (`specgauge sql "SELECT campaign_id FROM campaigns"`). Empty:
+            the latest one in the warehouse.
+        db: Another warehouse file (DuckDB) on the worker's machine. Empty: the worker's default.
+        reports_dir: Where report folders go on the worker's machine. Empty: SPECGAUGE_HOME/reports, which
+            the report server serves.
+    """
     ensure_writer_limit()
     summary = analyze_task(campaign_id, db, reports_dir)
     report = summary["report"]

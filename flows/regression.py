@@ -106,7 +106,15 @@ def regression(
     tolerance: float = 0.10,
     reference: str | None = None,
 ) -> Any:
-    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run."""
+    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run.
+
+    Args:
+        spec: The regression spec (repo-relative or absolute on the worker's machine).
+        label: The new campaign's label. Empty: the UTC time of the run.
+        tolerance: How far a guarded figure (speedup, acceptance) may fall below the reference's before
+            it counts as a regression, as a fraction (0.10: 10%), beyond its interval.
+        reference: The campaign to compare with. Empty: the spec's stored reference (the first run).
+    """
     experiment = load_spec(resolve_repo_path(spec))
     result = campaign(spec_path=spec, label=label or utc_stamp(), gate=False)
     return regression_check(

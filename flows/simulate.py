@@ -66,7 +66,19 @@ def simulate(
     report: bool = True,
 ) -> dict[str, Any]:
     """Simulate a campaign that is in the warehouse, store its tree_sim rows and (with `report`) re-render
-    its report. Returns the simulation's summary, with "report" when it was rendered."""
+    its report. Returns the simulation's summary, with "report" when it was rendered.
+
+    Args:
+        campaign_id: The campaign whose greedy captures to replay (it must be in the warehouse).
+        shapes: Shapes to project beside the served chains, comma-separated: chain:k=5,
+            tree:b=2:budget=8, graft:b=2:budget=8:k=3@eagle3+ngram, union:k=3@draft+eagle3 (docs/simulate.md).
+        db: Another warehouse file on the worker's machine. Empty: the worker's default.
+        reports_dir: Where report folders go. Empty: SPECGAUGE_HOME/reports.
+        proposers: Proposers for shapes without `@` (ngram, suffix, draft, eagle3). Empty: those served.
+        tail: Tokens of the target's continuation past each output, for the last step's drafts.
+        dtype: The models' dtype offline (bfloat16, as the engine serves them).
+        report: Re-render the campaign's report with its offline section afterwards.
+    """
     ensure_writer_limit()
     summary = simulate_task(campaign_id, shapes, db, proposers, tail, dtype)
     if report:
