@@ -139,3 +139,32 @@ def test_analysis_of_the_real_demo_campaign(demo_campaign: dict) -> None:
         "capacity_closed",
     ):
         assert (report.parent / f"{chart}.png").is_file() and (report.parent / f"{chart}.html").is_file()
+
+
+@pytest.mark.server
+def test_an_invalid_campaign_raises_the_alert_event(
+    prefect_api: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain's repeats disagree by 30% (over the 10% limit): the analysis marks the campaign invalid and the
+    flow emits the event the alerts' automation sends to a person (tests/test_prefect_server.py checks
+    the automation delivers such events to a webhook)."""
+    import flows.alerts
+    from flows.analyze import analyze
+
+    emitted: list[dict] = []
+    monkeypatch.setattr(flows.alerts, "emit_event", lambda **event: emitted.append(event))
+
+    def plant(variant, repeat, workload, load):
+        drift = (1.0, 1.3, 0.8)[repeat]  # every variant of a repeat moves together: the machine's doing
+        return profile(0.02 * drift, None if variant == "plain" else 0.4)
+
+    builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("shaky", repeats=3), plant=plant)
+    db = builder.build(tmp_path / "w.duckdb")
+    result = analyze(db=str(db), reports_dir=str(tmp_path / "reports"))
+
+    assert result["valid"] is False and "spread" in result["invalid_reasons"]
+    assert [e["event"] for e in emitted] == ["specgauge.campaign.invalid"]
+    payload = emitted[0]["payload"]
+    assert payload["campaign_id"] == builder.campaign_id
+    assert payload["summary"] == result["invalid_reasons"]
+    assert payload["report"] == Path(result["report"]).as_uri()  # no report server configured here
