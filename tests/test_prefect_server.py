@@ -121,6 +121,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
                     p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)  # the worker ignores a first SIGTERM at times
+        # A test that failed mid-run leaves its flow run's engine behind once the worker is killed (the
+        # engine has its own session; a SIGKILLed flow run runs no hook): the ledger's reaper stops it.
+        subprocess.run(
+            [sys.executable, "-m", "cli", "reap"], env=env, cwd=REPO, capture_output=True, timeout=180
+        )
 
 
 DOCS_IMG = REPO / "docs" / "img"  # the README's screenshots come from the browser test
