@@ -128,7 +128,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
         )
 
 
-DOCS_IMG = REPO / "docs" / "img"  # the README's screenshots come from the browser test
+# The README's screenshots come from the browser test: with SPECGAUGE_UPDATE_SCREENSHOTS=1 it writes them into
+# docs/img/ (a plain test run leaves the working tree alone and keeps them under its tmp_path).
+UPDATE_SCREENSHOTS = os.environ.get("SPECGAUGE_UPDATE_SCREENSHOTS") == "1"
 
 
 @contextmanager
@@ -236,13 +238,14 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
     its artifacts link the report through the report server, where a chart renders."""
     from selenium.webdriver.common.by import By
 
+    shots = REPO / "docs" / "img" if UPDATE_SCREENSHOTS else tmp_path
     deployment = api(server, "GET", "/deployments/name/campaign/campaign").json()
     with browser(tmp_path) as driver:
         driver.get(f"{server['ui']}/deployments/deployment/{deployment['id']}/run")
         wait_for(driver, lambda: driver.find_elements(By.XPATH, "//button[normalize-space()='Submit']"))
         fill_text_parameter(driver, "spec_path", TINY)
         fill_text_parameter(driver, "label", "from-the-browser")
-        driver.save_screenshot(str(DOCS_IMG / "ui-run-form.png"))
+        driver.save_screenshot(str(shots / "ui-run-form.png"))
         driver.find_element(By.XPATH, "//button[normalize-space()='Submit']").click()
         wait_for(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), timeout_s=60)
         (run_id,) = runs_labelled(server, deployment["id"], "from-the-browser")
@@ -252,7 +255,7 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
 
         driver.get(f"{server['ui']}/runs/flow-run/{run_id}?tab=Artifacts")
         time.sleep(5)  # the run page renders its tabs asynchronously; the screenshot is for the README
-        driver.save_screenshot(str(DOCS_IMG / "ui-finished-run.png"))
+        driver.save_screenshot(str(shots / "ui-finished-run.png"))
         # the campaign run's "where the results are" artifact, opened as a person clicks it in that tab
         (artifact,) = api(
             server,
@@ -263,7 +266,7 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
         driver.get(f"{server['ui']}/artifacts/artifact/{artifact['id']}")
         report_links = f"//a[starts-with(@href, '{server['reports']}/')]"
         wait_for(driver, lambda: driver.find_elements(By.XPATH, report_links), timeout_s=60)
-        driver.save_screenshot(str(DOCS_IMG / "ui-report-artifact.png"))
+        driver.save_screenshot(str(shots / "ui-report-artifact.png"))
         link = driver.find_element(By.XPATH, report_links)
         assert link.get_attribute("href").endswith("/index.html")
         driver.get(link.get_attribute("href"))  # the link's target, in this tab
