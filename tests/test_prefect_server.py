@@ -160,6 +160,31 @@ def wait_for(driver: Any, ready: Any, timeout_s: float = 30) -> None:
     WebDriverWait(driver, timeout_s, poll_frequency=0.5).until(lambda _: ready())
 
 
+def submit_form(driver: Any, created: Any, tmp_path: Path) -> None:
+    """Press the form's Submit until the run exists, as a person would. Now and then (2 runs in 5 here) the
+    server answered the UI's request with an error (the UI's toast "Oops. Something went wrong"; Prefect's
+    SQLite server answers 503 when busy, and its UI does not retry) and the page stayed on the form.
+    Pressing again only while the page is still the form cannot create a second run; the retry presses
+    through the toast, which covers the button."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+
+    for attempt in range(3):
+        if driver.current_url.endswith("/run"):
+            button = driver.find_element(By.XPATH, "//button[normalize-space()='Submit']")
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
+            if attempt == 0:
+                button.click()
+            else:
+                driver.execute_script("arguments[0].click();", button)
+        try:
+            wait_for(driver, created, timeout_s=20)
+            return
+        except TimeoutException:
+            driver.save_screenshot(str(tmp_path / f"after-submit-{attempt}.png"))
+    raise AssertionError(f"no flow run after pressing Submit 3 times; page {driver.current_url}")
+
+
 def runs_labelled(server: dict[str, str], deployment_id: str, label: str) -> list[str]:
     """Ids of the deployment's flow runs whose `label` parameter is `label`."""
     runs = api(
@@ -171,17 +196,28 @@ def runs_labelled(server: dict[str, str], deployment_id: str, label: str) -> lis
 def fill_text_parameter(driver: Any, name: str, value: str) -> None:
     """An optional string parameter of Prefect's run form: pick its `str` type (it shows `None` first),
     then type into the field that appears."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     where = (
         f"//label[normalize-space()='{name} (Optional)']/ancestor::*[.//button[normalize-space()='str']][1]"
     )
     text_input = f"{where}//textarea"  # Prefect's form renders a string parameter as a textarea
-    driver.find_element(By.XPATH, f"{where}//button[normalize-space()='str']").click()
+
+    def choose_str() -> bool:  # the form renders its parameters after the page (and may re-render them)
+        try:
+            driver.find_element(By.XPATH, f"{where}//button[normalize-space()='str']").click()
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+        return True
+
+    wait_for(driver, choose_str)
     wait_for(driver, lambda: driver.find_elements(By.XPATH, text_input))  # the form re-renders the parameter
     field = driver.find_element(By.XPATH, text_input)
     field.clear()
     field.send_keys(value)
+    field.send_keys(Keys.TAB)  # leave the field: the form takes the value on blur
 
 
 # Prefect's server answers 503 for errors a client may retry (a busy SQLite database, say) and its own
@@ -246,8 +282,7 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
         fill_text_parameter(driver, "spec_path", TINY)
         fill_text_parameter(driver, "label", "from-the-browser")
         driver.save_screenshot(str(shots / "ui-run-form.png"))
-        driver.find_element(By.XPATH, "//button[normalize-space()='Submit']").click()
-        wait_for(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), timeout_s=60)
+        submit_form(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), tmp_path)
         (run_id,) = runs_labelled(server, deployment["id"], "from-the-browser")
         run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
         assert run["state"]["type"] == "COMPLETED", run["state"]
