@@ -74,7 +74,7 @@ def regression_check(
         current,
         title=f"{len(regressed)} figure(s) of {spec_name} regressed against {reference}",
         summary=moved,
-        report=report_url(report_path(current)) if report_path(current).exists() else None,
+        report=report_url(report) if (report := report_path(current)).exists() else None,
         reference=reference,
         regressed=outcome["regressed"],
         checked=outcome["checked"],

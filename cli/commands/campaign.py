@@ -177,16 +177,18 @@ def run_campaign_cli(
     return result
 
 
-def _listed(value: str | None, option: str, kind: type = str) -> list[str] | None:
-    """A comma-separated option's items; an item `kind` cannot read is refused, naming the option."""
+def _listed(value: str | None, option: str, kind: type = str) -> list | None:
+    """A comma-separated option's items read as `kind`; one it cannot read is refused, naming the option."""
     from specgauge.errors import InputError
 
     if value is None:
         return None
-    items = [item.strip() for item in value.split(",") if item.strip()]
-    for item in items:
+    items = []
+    for item in (item.strip() for item in value.split(",")):
+        if not item:
+            continue
         try:
-            kind(item)
+            items.append(kind(item))
         except ValueError:
             raise InputError(f"{option}: {item!r} is not a {kind.__name__}") from None
     return items
@@ -255,7 +257,7 @@ def register(app: typer.Typer) -> None:
         overrides = SpecOverrides.of(
             _listed(variants, "--variants"),
             _listed(strata, "--strata"),
-            [int(c) for c in _listed(concurrencies, "--concurrencies", int) or []],
+            _listed(concurrencies, "--concurrencies", int),
             repeats,
         )
         run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
