@@ -9,6 +9,8 @@
     capture id     <variant>.r<repeat>[.again]  or  <plain>.ctl<n>               plain.r0.again
     verdict id     <treatment variant>.<8 hex of its inputs>                     ngram-k3.0a1b2c3d
     profile id     <variant>.<workload or "all">.c<C>.<UTC stamp>
+    adaptation id  <variant>.<target stratum>.<8 hex of its inputs>               eagle3-k3.shifted.0a1b2c3d
+    adapted cell   <variant>.<head>.r<repeat>.<workload>.<load label> (head old|new) eagle3-k3.new.r0.chat.c1
 
 Variant names may contain '.', so parsers read from the right, where the shapes are fixed.
 """
@@ -148,3 +150,17 @@ def verdict_id(treatment_variant: str, digest: str) -> str:
 
 def profile_id(variant: str, workload: str | None, concurrency: int, stamp: str) -> str:
     return f"{variant}.{workload or 'all'}.c{concurrency}.{stamp}"
+
+
+# ------------------------------------------------------------------------------------------- adaptations
+
+
+def adaptation_id(variant: str, target_stratum: str, digest: str) -> str:
+    """An adaptation confirmation (tasks.adapt): `digest` hashes its inputs, so a re-run finds it."""
+    return f"{variant}.{target_stratum}.{digest[:8]}"
+
+
+def adapted_cell_id(variant: str, head: str, repeat: int, workload: str, load: str) -> str:
+    """A cell measured while `head` (old | new) served on a hot-swap deployment: the head is part of the
+    cell's variant part, so both heads' cells of one repeat, stratum and load have their own ids."""
+    return cell_id(f"{variant}.{head}", repeat, workload, load)

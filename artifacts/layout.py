@@ -14,6 +14,7 @@
     RAW/<campaign_id>/gates/<verdict_id>.json                          GateVerdictDocument
     RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
+    RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta
                                            /breakdown.json             ProfileBreakdown (ok windows only)
                                            /metrics_before.txt, metrics_after.txt, trace/
@@ -47,6 +48,7 @@ GATES = "gates"
 PROFILES = "profiles"
 CAPACITY = "capacity"
 CALIBRATION = "calibration"
+ADAPTATIONS = "adaptations"
 BREAKDOWN = "breakdown.json"
 
 CELL_FILES = (META, SUMMARY, REQUESTS, GAUGES, METRICS_BEFORE, METRICS_AFTER)
@@ -224,6 +226,21 @@ def calibration_file(directory: Path, calibration_id: str) -> Path:
 
 def calibration_files(directory: Path) -> list[Path]:
     return json_files(calibration_dir(directory))
+
+
+# ------------------------------------------------------------------------------------------------ adaptations
+
+
+def adaptations_dir(directory: Path) -> Path:
+    return Path(directory) / ADAPTATIONS
+
+
+def adaptation_file(directory: Path, adaptation_id: str) -> Path:
+    return adaptations_dir(directory) / f"{adaptation_id}.json"
+
+
+def adaptation_files(directory: Path) -> list[Path]:
+    return json_files(adaptations_dir(directory))
 
 
 # ------------------------------------------------------------------------------------------------ profiles
