@@ -323,6 +323,9 @@ class CellMeta(Document):
     repeat: Whole
     workload: WorkloadFacts
     load: LoadFacts
+    # client processes that generated the load (tasks/load/workers.py); None: written before it was recorded,
+    # when every cell's load came from one process
+    workers: Whole | None = None
     sampling: SamplingFacts | None = None
     endpoint: Text | None = None  # chat | completions
     deployment: EngineFacts | None = None

@@ -318,6 +318,12 @@ class LoadSpec(Strict):
         """Warm-up requests of a cell at this concurrency (None: an open-loop cell)."""
         if self.warmup is not None:
             return self.warmup
+    workers: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        default=1,
+        description="Client processes that share each cell's streams (tasks/load/workers.py): closed loop "
+        "splits C, open loop superposes seeded Poisson streams of rate/W; auto: from the cell's expected "
+        "chunk rate and the client's measured chunks per CPU-second, capped by the cores.",
+    )
         return concurrency if concurrency is not None else 2
 
 

@@ -28,6 +28,7 @@ from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
 from tasks.load.records import RequestRecord, records_frame
 from tasks.load.runner import LoadPlan, run_load
+from tasks.load.workers import resolve_workers, run_load_workers
 from tasks.metrics.gauges import GaugeSampler
 from tasks.metrics.prometheus import ascrape, counter_delta, has_spec_decode, spec_decode_delta
 from tasks.metrics.summary import summarize_cell
@@ -92,6 +93,7 @@ async def _measure(
     load: LoadSpec,
     records: list[RequestRecord],
     on_record: Callable[[RequestRecord], None] | None,
+    workers: int = 1,
 ) -> tuple[Any, _Window, pl.DataFrame, int]:
     window = _Window(deployment)
     t0 = time.perf_counter()
@@ -102,6 +104,29 @@ async def _measure(
             on_record(record)
 
     api_key = deployment.api_key.get_secret_value() if deployment.api_key else None
+    if workers > 1:  # the streams split over worker processes, each with its own client (tasks/load/workers)
+        async with GaugeSampler(
+            deployment.metrics_url,
+            deployment.served_model_name,
+            t0=t0,
+            interval_s=load.gauge_interval_s,
+            headers=deployment.headers(),
+        ) as sampler:
+            result = await run_load_workers(
+                deployment.base_url,
+                deployment.served_model_name,
+                prompts,
+                plan,
+                sampling,
+                workers,
+                api_key=api_key,
+                timeout_s=load.request_timeout_s,
+                before_measured=window.open,
+                after_measured=window.close,
+                on_record=keep,
+                t0=t0,
+            )
+            return result, window, sampler.frame(), sampler.failures
     async with (
         StreamingClient(
             deployment.base_url,
@@ -201,6 +226,11 @@ def run_cell(
     measured (status failed), the interruption (KeyboardInterrupt, SIGTERM) that stopped it."""
     prompts = corpus.stratum(cell.workload)
     plan = load_plan(cell, load, seed)
+    try:
+        workers = resolve_workers(load.workers, plan, prompts, sampling)
+    except (RuntimeError, OSError) as exc:  # `auto` could not measure the client: one process, as before
+        log.warning("cell %s: workers auto could not be resolved (%s); using one process", cell.cell_id, exc)
+        workers = 1
     records: list[RequestRecord] = []
     started = utc_now()
     error: str | None = None
@@ -220,7 +250,7 @@ def run_cell(
     else:
         try:
             result, window, gauges, gauge_failures = asyncio.run(
-                _measure(deployment, prompts, plan, sampling, load, records, on_record)
+                _measure(deployment, prompts, plan, sampling, load, records, on_record, workers)
             )
             records = result.records
         except Exception as exc:  # the cell is recorded as failed with everything measured so far
@@ -306,6 +336,7 @@ def run_cell(
                 "time_cap_s": load.time_cap_s,
                 "request_timeout_s": load.request_timeout_s,
                 "seed": seed,
+                "workers": workers,
             },
             "sampling": sampling.model_dump(mode="json"),
             "endpoint": "chat",
