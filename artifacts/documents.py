@@ -231,15 +231,30 @@ class SamplingFacts(Document):
 # ------------------------------------------------------------------------------------------- deployment
 
 
+class DrafterSwap(Document):
+    """One hot swap of a running deployment's EAGLE-3 head (tasks.drafters.swap.swap_head): when it finished
+    (UTC), the `drafter_digest` of the head served before and after, the new head's directory, and how long
+    the swap took (contract check, RPC, verification)."""
+
+    at: Time
+    old_sha256: Text | None = None
+    new_sha256: Text
+    head: Text
+    seconds: Number | None = None
+
+
 class DrafterFacts(Document):
     """The drafter a deployment served (tasks.drafters.provenance.drafter_record): the method, the path as
     the spec gave it, the sha256 over its weights and config.json (`drafter_digest`), and its training card's
-    facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled."""
+    facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled. After a hot
+    swap `path`, `sha256` and `card` are the head now serving and `swaps` lists every swap in order (the
+    launched head is the first swap's `old_sha256`); a cell copies these facts as they were when it ran."""
 
     method: Text
     path: Text
     sha256: Text | None = None  # None where the drafter is not readable from here (a hub id, a cluster path)
     card: dict[str, Any] | None = None
+    swaps: list[DrafterSwap] | None = None
 
 
 class EngineFacts(Document):

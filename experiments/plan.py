@@ -162,6 +162,8 @@ def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
         raise SpecError(
             f"label {label!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
             "digit, and be at most 48 characters"
+        if not variant.get("hot_swap", True):
+            del variant["hot_swap"]
         )
     return ids.campaign_id(spec.name, spec_digest(spec), label)
 

@@ -153,6 +153,13 @@ class Variant(Strict):
         description="A second plain arm launched like the first, measured against it (A/A calibration): never "
         "a baseline. `validity.aa_control: true` adds one; a spec rarely sets it by hand.",
     )
+    hot_swap: bool = Field(
+        default=False,
+        description="Serve so that another EAGLE-3 head can be loaded into the running engine "
+        "(tasks/drafters/swap.py): the engine starts with VLLM_SERVER_DEV_MODE=1 and specgauge's worker "
+        "extension, which opens /collective_rpc (arbitrary worker method calls) on the deployment's address; "
+        "docs/cluster.md. Method eagle3 only.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -161,6 +168,10 @@ class Variant(Strict):
 
     @model_validator(mode="after")
     def consistent(self) -> Variant:
+        if self.hot_swap and self.method != "eagle3":
+            raise ValueError(
+                f"hot_swap: only an eagle3 variant can swap its head, not method {self.method!r}"
+            )
         if self.method == "none":
             extras = [
                 f

