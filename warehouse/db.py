@@ -1,14 +1,17 @@
 """The DuckDB warehouse file: connections, numbered migrations, the writer, and readers that never block it.
 
 Writers: `with writer(path) as con:` takes the writer lock (warehouse.lock), opens the file read-write,
-applies pending migrations, yields, closes (checkpointing the WAL into the file) and then refreshes the
+applies pending migrations, records the parts root (warehouse.parts: request rows live in Parquet files
+beside the database, not in it), yields, closes (checkpointing the WAL into the file) and then refreshes the
 read snapshot, all while still holding the lock.
 
 Readers: DuckDB's file lock is per process, and a read-only process on the file makes a writer in another
 process fail at once. So readers never open the live file: `with reader(path) as con:` opens
 `<db>.snapshot`, a copy the last writer made under the writer lock (copy to a temporary name, then an atomic
 rename, so a reader that has the old snapshot open keeps reading it). A reader sees the warehouse as of the
-last finished write; a write in progress is invisible until it ends. See docs/warehouse.md for measurements.
+last finished write; a write in progress is invisible until it ends. The snapshot holds the small tables
+only (the request rows are immutable Parquet files both read), so the copy costs megabytes, not the
+warehouse's size. See docs/warehouse.md for measurements.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import duckdb
 
 from specgauge.settings import get_settings
+from warehouse import parts
 from warehouse.errors import MigrationError, WarehouseBusy, WarehouseMissing
 from warehouse.lock import WRITER_LIMIT_NAME, WaitCallback, log, writer_lock
 
@@ -243,6 +247,8 @@ def writer(
         try:
             if migrate_schema:
                 migrate(con)
+            if parts.set_root(con, parts.parts_dir(db_path)):
+                parts.sweep(con)
             yield con
         finally:
             _close_checkpointed(con)
@@ -258,25 +264,47 @@ def replacing(
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """Build a new warehouse in a temporary file beside the live one and, when the block succeeds, swap it
     in atomically (rename). The writer lock is held throughout, so no write lands in the old file meanwhile;
-    readers keep reading the old snapshot until the new one replaces it. On failure the live file is kept."""
+    readers keep reading the old snapshot until the new one replaces it. On failure the live file is kept.
+
+    The new database writes new Parquet files under the same parts root; the old ones leave the manifest
+    with the old file and are deleted by a later writer once no reader can still be reading them
+    (warehouse.parts.sweep); a failed rebuild's files likewise."""
     db_path = Path(path) if path is not None else default_path()
     with writer_lock(db_path, timeout_s=timeout_s, on_wait=on_wait):
         tmp = db_path.with_name(f".{db_path.name}.rebuild{os.getpid()}")
         remove_database(tmp)
+        root = parts.parts_dir(db_path)
+        old_files = _manifest_names(db_path)
         try:
             con = connect(tmp)
             _tune_for_bulk_writes(con)
             try:
                 migrate(con)
+                parts.set_root(con, root)
                 yield con
+                new_files = {n for (n,) in con.execute(f"SELECT file FROM {parts.MANIFEST}").fetchall()}
             finally:
                 _close_checkpointed(con)
             # The old WAL belongs to the old file: it must not be replayed onto the new one.
             wal_path(db_path).unlink(missing_ok=True)
             os.replace(tmp, db_path)
+            parts.retire(root, old_files - new_files)
         finally:
             remove_database(tmp)
         _refresh_snapshot_locked(db_path)
+
+
+def _manifest_names(db_path: Path) -> set[str]:
+    """The Parquet files the live database lists (caller holds the writer lock)."""
+    if not db_path.exists():
+        return set()
+    con = connect(db_path)
+    try:
+        if parts.root_of(con) is None:
+            return set()
+        return {n for (n,) in con.execute(f"SELECT file FROM {parts.MANIFEST}").fetchall()}
+    finally:
+        _close_checkpointed(con)
 
 
 def _tune_for_bulk_writes(con: duckdb.DuckDBPyConnection) -> None:
@@ -399,8 +427,11 @@ def restrict_file_access(con: duckdb.DuckDBPyConnection, allow: Iterable[Path | 
     reads any file the user can (`read_csv('/etc/passwd')`), writes anywhere (`COPY ... TO`), attaches other
     databases and installs extensions. DuckDB checks every file system operation against
     `enable_external_access` and the listed paths; `lock_configuration` keeps the query from undoing it.
-    Spilling to the database's own temp directory keeps working.
+    Spilling to the database's own temp directory keeps working. The Parquet request rows stay readable
+    through `requests` and `gauges` (Arrow reads them: warehouse.parts.register_datasets), while the query
+    itself can neither read nor write the parts folder.
     """
+    parts.register_datasets(con)
     folders: list[str] = []
     files: list[str] = []
     for entry in allow:

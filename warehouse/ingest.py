@@ -40,6 +40,7 @@ from pandera.polars import DataFrameModel
 from artifacts import layout
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
+from warehouse import parts
 from warehouse.db import default_path, replacing, writer
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import (
@@ -599,8 +600,13 @@ def _write(
     arrow: dict[str, pa.Table] | None = None,
 ) -> list[Outcome]:
     """Write whole, validated artifacts in one transaction (with their ingest_log rows). `arrow`: the same
-    rows as `frames`, already converted (see _validated)."""
+    rows as `frames`, already converted (see _validated). The kind's `parted` tables go to Parquet files
+    (warehouse.parts), listed in the manifest in this same transaction: visible exactly when it commits."""
     keys = [i.ref.key for i in items]
+    root = parts.ensure_root(con) if kind.parted else None
+    if kind.parted and root is None:
+        raise ArtifactError("the warehouse is not migrated: open it with warehouse.db.writer()")
+    written: list[parts.PartFile] = []
     now = _now()
     log = pl.DataFrame(
         [
@@ -623,11 +629,24 @@ def _write(
     try:
         replacing = [i.ref.key for i in items if i.replacing]
         if replacing:
+            if kind.parted:  # Parquet files are never rewritten; only immutable kinds have them
+                raise ArtifactError(f"{kind.name}: an artifact with Parquet rows cannot be replaced")
             for table in (*kind.child_tables, kind.table):
                 con.execute(f"DELETE FROM {table} WHERE {kind.key_column} = ANY(?)", [replacing])
         for table, frame in frames.items():
-            if frame.height:
-                _insert(con, table, (arrow or {}).get(table, frame))
+            if not frame.height:
+                continue
+            rows = (arrow or {}).get(table)
+            if rows is None:
+                rows = frame.to_arrow()
+            if table in kind.parted:
+                assert root is not None
+                written += _write_parts(root, kind, table, items, rows, ingest_id)
+            else:
+                _insert(con, table, rows)
+        if written:
+            assert root is not None
+            parts.record(con, root, written)
         cleared = [i.ref.key for i in items if i.was_quarantined]
         if cleared:
             con.execute(
@@ -639,6 +658,7 @@ def _write(
         con.execute("COMMIT")
     except duckdb.ConstraintException as exc:
         con.execute("ROLLBACK")
+        parts.discard(root or Path(), written)
         if len(items) == 1:
             problem = ArtifactInvalid(f"rejected by the database: {exc}")
             return [_quarantine(con, kind, items[0].ref, items[0].sha256, problem, ingest_id)]
@@ -652,6 +672,7 @@ def _write(
             con.execute("ROLLBACK")
         except duckdb.Error:
             pass
+        parts.discard(root or Path(), written)
         raise
     if report is not None:
         for table, frame in frames.items():
@@ -666,6 +687,25 @@ def _write(
         )
         for i in items
     ]
+
+
+def _write_parts(
+    root: Path, kind: ArtifactKind, table: str, items: list[_Item], rows: pa.Table, ingest_id: str
+) -> list[parts.PartFile]:
+    """A batch's rows of a parted table as one Parquet file per campaign (a batch is one campaign's when
+    ingest_tree walks the tree; ingest_artifacts may be handed several)."""
+    campaigns = sorted({i.ref.campaign_id for i in items})
+    if len(campaigns) == 1:
+        return [parts.write_part(root, table, campaigns[0], rows, ingest_id)]
+    frame = pl.from_arrow(rows)
+    assert isinstance(frame, pl.DataFrame)
+    out = []
+    for campaign in campaigns:
+        keys = [i.ref.key for i in items if i.ref.campaign_id == campaign]
+        own = frame.filter(pl.col(kind.key_column).is_in(keys))
+        if own.height:
+            out.append(parts.write_part(root, table, campaign, own.to_arrow(), ingest_id))
+    return out
 
 
 def _still_quarantined(kind: ArtifactKind, ref: ArtifactRef, reason: str) -> Outcome:

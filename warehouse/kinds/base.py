@@ -47,6 +47,9 @@ class ArtifactKind:
     # The files hashed and read: names, a function of the ref giving names (several single-file artifacts
     # in one folder), or None: every regular file in the artifact's directory.
     files: tuple[str, ...] | Callable[[ArtifactRef], Sequence[str]] | None = None
+    # Tables whose rows are written as immutable Parquet files (warehouse.parts), not into DuckDB: the big
+    # per-request ones. Only immutable kinds may have them (their rows are never replaced).
+    parted: tuple[str, ...] = ()
 
     @property
     def child_tables(self) -> tuple[str, ...]:

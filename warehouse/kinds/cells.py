@@ -389,4 +389,5 @@ KIND = ArtifactKind(
         "spec_decode": layout.SUMMARY,
         "spec_decode_positions": layout.SUMMARY,
     },
+    parted=("requests", "gauges"),
 )
