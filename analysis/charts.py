@@ -511,3 +511,92 @@ def save_chart(chart: alt.TopLevelMixin, directory: Path, name: str, title: str)
     chart.save(str(html), inline=True)
     chart.save(str(png), scale_factor=1.0)
     return ChartFiles(name=name, title=title, html=html, png=png)
+
+
+ADAPTATION_METRICS = {
+    "mal": "mean acceptance length",
+    "throughput": "output throughput",
+    "tpot": "TPOT p50 (old / new)",
+}
+
+
+def adaptation_chart(
+    view: pl.DataFrame, min_effect: float = 0.10, max_harm: float = 0.05
+) -> alt.LayerChart | None:
+    """New head against old per stratum (v_adaptation): each metric's ratio (> 1: the new head is better)
+    with its interval over repeats; the dashed rule at 1 is no change, the green one the minimum effect the
+    gain must clear, the red one the harm another stratum may take."""
+    if view.is_empty():
+        return None
+    rows = []
+    for r in view.iter_rows(named=True):
+        for key, label in ADAPTATION_METRICS.items():
+            estimate = r.get(f"{key}_ratio")
+            if estimate is None:
+                continue
+            rows.append(
+                {
+                    "stratum": f"{r['stratum']} {r['load_label']}" + (" (target)" if r["target"] else ""),
+                    "metric": label,
+                    "ratio": estimate,
+                    "low": r.get(f"{key}_low") if r.get(f"{key}_low") is not None else estimate,
+                    "high": r.get(f"{key}_high") if r.get(f"{key}_high") is not None else estimate,
+                    "adopt": "adopt" if r["adopt"] else "keep old",
+                }
+            )
+    if not rows:
+        return None
+    frame = pl.DataFrame(rows)
+    base = alt.Chart(frame).encode(
+        y=alt.Y("stratum:N", title=None),
+        yOffset=alt.YOffset("metric:N"),
+        color=alt.Color("metric:N", sort=list(ADAPTATION_METRICS.values()), title=None),
+    )
+    bars = base.mark_rule(strokeWidth=2).encode(
+        x=alt.X("low:Q", title="new head / old head", scale=alt.Scale(zero=False)), x2="high:Q"
+    )
+    points = base.mark_point(filled=True, size=60).encode(
+        x="ratio:Q",
+        shape=alt.Shape("adopt:N", title="verdict"),
+        tooltip=[
+            "stratum",
+            "metric",
+            alt.Tooltip("ratio:Q", format=".3f"),
+            alt.Tooltip("low:Q", format=".3f"),
+            alt.Tooltip("high:Q", format=".3f"),
+            "adopt",
+        ],
+    )
+    rules = (
+        alt.Chart(
+            pl.DataFrame(
+                {
+                    "x": [1.0, 1.0 + min_effect, 1.0 - max_harm],
+                    "what": ["no change", "minimum effect", "harm limit"],
+                }
+            )
+        )
+        .mark_rule(strokeDash=[4, 3])
+        .encode(
+            x="x:Q",
+            color=alt.Color(
+                "what:N",
+                scale=alt.Scale(
+                    domain=["no change", "minimum effect", "harm limit"], range=["#666", "#2a9d4b", "#c0392b"]
+                ),
+                legend=None,
+            ),
+        )
+    )
+    return (
+        alt.layer(rules, bars, points)
+        .resolve_scale(color="independent")
+        .properties(
+            width=WIDTH + 100,
+            height=alt.Step(14),
+            title={
+                "text": "Adapted head against the old one, per stratum",
+                "subtitle": "ratio with its 95% t interval over repeats; green dashes: 1 + minimum effect, red: 1 - harm limit",
+            },
+        )
+    )

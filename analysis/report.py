@@ -920,3 +920,67 @@ def campaign_sections(
         )
     )
     return sections
+
+
+# ------------------------------------------------------------------------------------ adaptation confirmation
+
+
+def adaptation_section(view: pl.DataFrame, chart_html: str) -> Section:
+    """ "Adapted head": a confirmation's verdict (v_adaptation rows of one adaptation): which strata should get
+    the adapted head, the rule per stratum and load, and the ratios new / old with their intervals."""
+    if view.is_empty():
+        return Section("adaptation", "Adapted head", '<p class="empty">no adaptation confirmation</p>')
+    first = view.row(0, named=True)
+    adopted = sorted({r["stratum"] for r in view.iter_rows(named=True) if r["adopt"]})
+    kept = sorted({r["stratum"] for r in view.iter_rows(named=True)} - set(adopted))
+    verdict = (
+        f"Strata that should get the adapted head: {', '.join(adopted)}."
+        if adopted
+        else "No stratum should get the adapted head: keep the old one."
+    )
+    if adopted and kept:
+        verdict += f" Keep the old head for {', '.join(kept)}."
+    gate = (
+        "no gate verdict"
+        if first["gate_verdict_id"] is None
+        else f"gate after the swap {first['gate_outcome']} ({first['gate_verdict_id']})"
+    )
+    facts = (
+        f"<p><b>{html.escape(verdict)}</b></p>"
+        f'<p class="note">Confirmation {html.escape(first["adaptation_id"])} on deployment '
+        f"{html.escape(first['deployment_id'])}: old head {html.escape(str(first['old_sha256'])[:12])}, new head "
+        f"{html.escape(str(first['new_sha256'])[:12])} ({html.escape(str(first['new_path']))}), target stratum "
+        f"{html.escape(first['target_stratum'])}; {html.escape(gate)}; the old head "
+        f"{'served again at the end' if first['swapped_back'] else 'was NOT swapped back'}. Rule: gain "
+        f"({html.escape(first['gain_metric'])} new / old) interval above {1 + first['min_effect']:.2f}, no other "
+        f"stratum below {1 - first['max_harm']:.2f}, the new head's requests succeeded, the gate passed. "
+        "Intervals: Student t over repeats (blocks of one deployment in a seeded random order).</p>"
+    )
+    table = html_table(
+        view,
+        [
+            col("stratum", "stratum", str),
+            col("load_label", "load", str),
+            Column("target", lambda r: "target" if r["target"] else ""),
+            Column("MAL old → new", lambda r: f"{fmt_num()(r['mal_old'])} → {fmt_num()(r['mal_new'])}"),
+            Column(
+                "MAL new / old", lambda r: fmt_interval(r["mal_ratio"], r["mal_low"], r["mal_high"], None)
+            ),
+            Column(
+                "throughput new / old",
+                lambda r: fmt_interval(
+                    r["throughput_ratio"], r["throughput_low"], r["throughput_high"], None
+                ),
+            ),
+            Column(
+                "TPOT p50 old / new",
+                lambda r: fmt_interval(r["tpot_ratio"], r["tpot_low"], r["tpot_high"], None),
+            ),
+            col("n_repeats", "repeats", str),
+            Column("verdict", lambda r: "adopt" if r["adopt"] else "keep old"),
+            col("reason", "why", str),
+        ],
+        row_class=lambda r: "win" if r["adopt"] else "",
+        empty="no strata",
+    )
+    return Section("adaptation", "Adapted head", facts + table + chart_html)

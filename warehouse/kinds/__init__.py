@@ -11,6 +11,7 @@ from __future__ import annotations
 from pandera.polars import DataFrameModel
 
 from warehouse.kinds import (
+    adaptations,
     calibration,
     campaigns,
     capacity,
@@ -33,6 +34,7 @@ KINDS: tuple[ArtifactKind, ...] = (
     gates.KIND,  # after captures
     capacity.KIND,
     calibration.KIND,
+    adaptations.KIND,  # after cells: an adaptation names its cells
 )
 
 # Every table's model, by table.

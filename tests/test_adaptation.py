@@ -1,0 +1,499 @@
+"""Adaptation confirmation (docs/adaptation.md): the randomised schedule and its swap-back, the paired ratios
+and their intervals, the benefit rule's verdicts, the verdict's way into the warehouse and the report."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pytest
+
+from analysis.adaptation import (
+    Rule,
+    adopt_strata,
+    cells_frame,
+    compare_heads,
+    confirm,
+    judge,
+    new_head_success,
+    write_adaptation_report,
+)
+from analysis.stats import ratio_interval
+from artifacts import ids, layout
+from artifacts.store import write_json_atomic
+from experiments.spec import parse_spec
+from specgauge.errors import InputError
+from tasks import adapt
+from tasks.adapt import Block, HeadRef, ScheduleResult
+from warehouse.ingest import ingest_raw
+
+REPO = Path(__file__).resolve().parents[1]
+OLD_SHA, NEW_SHA = "a" * 64, "b" * 64
+
+
+# --- the schedule ---------------------------------------------------------------------------------------------
+
+
+def test_schedule_holds_every_block_once_per_repeat_in_a_seeded_order() -> None:
+    strata = ["chat", "code", "shifted"]
+    blocks = adapt.schedule(strata, 3, seed=7)
+    assert [b.position for b in blocks] == list(range(18))
+    for repeat in range(3):
+        mine = [(b.head, b.stratum) for b in blocks if b.repeat == repeat]
+        assert sorted(mine) == sorted((h, s) for h in ("old", "new") for s in strata)
+    assert adapt.schedule(strata, 3, seed=7) == blocks  # recorded seed, same schedule
+    orders = {tuple((b.head, b.stratum) for b in adapt.schedule(strata, 3, seed=s)) for s in range(20)}
+    assert len(orders) > 15  # the seed draws the order: not one fixed pattern
+    # across seeds, each head leads a repeat about as often (no head is always measured first)
+    firsts = Counter(
+        b.head for s in range(200) for b in adapt.schedule(strata, 3, seed=s) if b.position % 6 == 0
+    )
+    assert 0.4 < firsts["new"] / sum(firsts.values()) < 0.6
+
+
+def test_schedule_refuses_bad_input() -> None:
+    with pytest.raises(InputError, match="repeats"):
+        adapt.schedule(["chat"], 0, seed=0)
+    with pytest.raises(InputError, match="each stratum once"):
+        adapt.schedule(["chat", "chat"], 2, seed=0)
+
+
+def test_swaps_needed_counts_the_swap_back() -> None:
+    b = [Block(0, 0, "new", "a"), Block(1, 0, "new", "b"), Block(2, 0, "old", "a"), Block(3, 0, "new", "b")]
+    assert adapt.swaps_needed(b) == 4  # old->new, new->old, old->new, and back to old
+    assert adapt.swaps_needed(b[2:3]) == 0
+
+
+class PlantedServer:
+    """A server's head state: swap() changes what serving() reports (`lie` makes it report the wrong head)."""
+
+    def __init__(self, heads: dict[str, HeadRef], fail_on: int | None = None) -> None:
+        self.by_path = {h.path: h.sha256 for h in heads.values()}
+        self.sha = heads["old"].sha256
+        self.calls: list[str | None] = []
+        self.fail_on = fail_on
+        self.lie = False
+
+    def swap(self, head_dir: Path) -> dict[str, Any]:
+        if self.fail_on is not None and len(self.calls) == self.fail_on:
+            self.calls.append(None)
+            raise RuntimeError("the RPC timed out")
+        old, self.sha = self.sha, self.by_path[head_dir]
+        self.calls.append(self.sha)
+        return {
+            "at": "2026-12-02T10:00:00+00:00",
+            "old_sha256": old,
+            "new_sha256": self.sha,
+            "head": str(head_dir),
+        }
+
+    def serving(self) -> str | None:
+        return "c" * 64 if self.lie else self.sha
+
+
+@pytest.fixture
+def heads(tmp_path: Path) -> dict[str, HeadRef]:
+    return {
+        "old": HeadRef("old", tmp_path / "old", OLD_SHA),
+        "new": HeadRef("new", tmp_path / "new", NEW_SHA),
+    }
+
+
+def test_run_schedule_swaps_only_when_the_head_changes_and_ends_on_the_old_head(
+    heads: dict[str, HeadRef],
+) -> None:
+    blocks = adapt.schedule(["chat", "shifted"], 2, seed=3)
+    server = PlantedServer(heads)
+    seen: list[tuple[str, str | None]] = []
+
+    def run_cells(block: Block) -> list[tuple[str, str]]:
+        seen.append((block.head, server.serving()))
+        return [(f"{block.head}.{block.repeat}.{block.stratum}", "ok")]
+
+    result = adapt.run_schedule(blocks, heads, server, run_cells)
+    # every block ran with its own head serving
+    assert seen == [(b.head, heads[b.head].sha256) for b in blocks]
+    assert len(server.calls) == adapt.swaps_needed(blocks)
+    assert result.swapped_back and result.final_sha256 == OLD_SHA and server.sha == OLD_SHA
+    assert result.error is None
+    assert [r.swap is not None for r in result.blocks] == [
+        b.head != (blocks[i - 1].head if i else "old") for i, b in enumerate(blocks)
+    ]
+
+
+def test_run_schedule_swaps_back_when_a_block_fails(heads: dict[str, HeadRef]) -> None:
+    blocks = [Block(0, 0, "new", "chat"), Block(1, 0, "old", "chat")]
+    server = PlantedServer(heads)
+
+    def run_cells(block: Block) -> list[tuple[str, str]]:
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the new head's block
+
+    result = ScheduleResult()
+    with pytest.raises(KeyboardInterrupt):
+        adapt.run_schedule(blocks, heads, server, run_cells, result=result)
+    assert server.sha == OLD_SHA and result.swapped_back and result.final_sha256 == OLD_SHA
+    assert result.error == "KeyboardInterrupt: "
+    assert [s["new_sha256"] for s in result.swaps] == [NEW_SHA, OLD_SHA]
+
+
+def test_run_schedule_refuses_a_server_that_serves_another_head(heads: dict[str, HeadRef]) -> None:
+    server = PlantedServer(heads)
+    ran: list[Block] = []
+
+    def run_cells(block: Block) -> list[tuple[str, str]]:
+        ran.append(block)
+        server.lie = True  # the swap "worked" but the server now reports a third head
+        return []
+
+    with pytest.raises(adapt.AdaptationError, match="serves head cccc"):
+        adapt.run_schedule([Block(0, 0, "old", "a"), Block(1, 0, "new", "a")], heads, server, run_cells)
+    assert len(ran) == 1  # no cells measured under the wrong head
+
+
+def test_a_failed_swap_back_is_recorded(heads: dict[str, HeadRef]) -> None:
+    server = PlantedServer(heads, fail_on=1)  # the swap to new works, the swap back fails
+    result = adapt.run_schedule([Block(0, 0, "new", "a")], heads, server, lambda b: [])
+    assert not result.swapped_back
+    assert "swap back to the old head failed: RuntimeError: the RPC timed out" in (result.error or "")
+
+
+def test_the_after_step_runs_last_and_its_swap_is_undone(heads: dict[str, HeadRef]) -> None:
+    server = PlantedServer(heads)
+    served_during: list[str | None] = []
+
+    def capture(tracked: adapt.Swapper) -> None:
+        tracked.swap(heads["new"].path)
+        served_during.append(tracked.serving())
+
+    result = adapt.run_schedule([Block(0, 0, "old", "a")], heads, server, lambda b: [], after=capture)
+    assert served_during == [NEW_SHA]
+    assert result.swapped_back and server.sha == OLD_SHA
+
+
+# --- the statistics -------------------------------------------------------------------------------------------
+
+
+def planted_cells(
+    gains: dict[str, list[float]], *, mal_old: float = 2.0, mal_gain: dict[str, list[float]] | None = None
+) -> pl.DataFrame:
+    """Cells of both heads: per stratum the new head's throughput (and MAL) ratio in each repeat."""
+    rows = []
+    for stratum, ratios in gains.items():
+        for repeat, ratio in enumerate(ratios):
+            mal_ratio = (mal_gain or {}).get(stratum, ratios)[repeat]
+            for head, factor, mal in (("old", 1.0, mal_old), ("new", ratio, mal_old * mal_ratio)):
+                rows.append(
+                    {
+                        "cell_id": ids.adapted_cell_id("eagle3-k3", head, repeat, stratum, "c1"),
+                        "head": head,
+                        "repeat": repeat,
+                        "stratum": stratum,
+                        "load_label": "c1",
+                        "status": "ok",
+                        "requests_ok": 8,
+                        "requests_total": 8,
+                        "mean_acceptance_length": mal,
+                        "output_throughput_tok_s": 100.0 * factor * (1 + 0.01 * repeat),
+                        "tpot_p50_s": 0.02 / factor,
+                    }
+                )
+    return cells_frame(rows)
+
+
+def test_ratios_are_paired_by_repeat_with_t_intervals() -> None:
+    cells = planted_cells({"shifted": [1.20, 1.25, 1.22], "chat": [1.0, 0.99, 1.01]})
+    rows = {(c["stratum"], c["metric"]): c for c in compare_heads(cells)}
+    thr = rows[("shifted", "throughput")]
+    expected = ratio_interval([1.20, 1.25, 1.22])
+    assert thr["ratios"] == pytest.approx([1.20, 1.25, 1.22])
+    assert (thr["estimate"], thr["ci_low"], thr["ci_high"]) == pytest.approx(
+        (expected.estimate, expected.low, expected.high)
+    )
+    assert thr["n_repeats"] == 3 and thr["repeats"] == [0, 1, 2]
+    # TPOT is oriented old / new: a faster new head gives a ratio above 1 too
+    assert rows[("shifted", "tpot_p50")]["estimate"] == pytest.approx(expected.estimate)
+    mal = rows[("shifted", "mean_acceptance_length")]
+    assert mal["old_mean"] == pytest.approx(2.0) and mal["new_mean"] == pytest.approx(2.0 * 1.2233, rel=1e-3)
+
+
+def test_a_failed_cell_drops_its_repeat_from_the_pairs() -> None:
+    cells = planted_cells({"shifted": [1.2, 1.3, 1.25]})
+    cells = cells.with_columns(
+        pl.when((pl.col("head") == "new") & (pl.col("repeat") == 1))
+        .then(pl.lit("failed"))
+        .otherwise(pl.col("status"))
+        .alias("status")
+    )
+    thr = next(c for c in compare_heads(cells) if c["metric"] == "throughput")
+    assert thr["repeats"] == [0, 2] and thr["ratios"] == pytest.approx([1.2, 1.25])
+    success = new_head_success(cells)
+    assert success[("shifted", "c1")] == pytest.approx(16 / 24)
+
+
+def test_rule_adopts_the_target_when_its_interval_clears_the_minimum_effect() -> None:
+    cells = planted_cells({"shifted": [1.20, 1.25, 1.22], "chat": [1.0, 0.99, 1.01]})
+    out = confirm(cells, target_stratum="shifted", gate_passed=True)
+    verdicts = {v["stratum"]: v for v in out["verdicts"]}
+    assert verdicts["shifted"]["adopt"] and verdicts["shifted"]["target"]
+    assert verdicts["shifted"]["reason"].startswith("adopt: throughput ratio 1.22")
+    assert not verdicts["chat"]["adopt"] and "not above 1.10" in verdicts["chat"]["reason"]
+    assert out["adopt_strata"] == ["shifted"]
+    assert out["summary"].startswith("adopt the adapted head for shifted")
+
+
+def test_rule_refuses_when_another_stratum_is_harmed_beyond_the_limit() -> None:
+    # +22% on the target, but chat loses 8% (> 5%): no stratum gets the head
+    cells = planted_cells({"shifted": [1.20, 1.25, 1.22], "chat": [0.92, 0.91, 0.93]})
+    verdicts = {
+        v["stratum"]: v for v in confirm(cells, target_stratum="shifted", gate_passed=True)["verdicts"]
+    }
+    assert not verdicts["shifted"]["adopt"] and not verdicts["shifted"]["harm_ok"]
+    assert "chat is worse with the new head (0.92 < 0.95)" in verdicts["shifted"]["reason"]
+    # at exactly the edge (4% worse) the harm is within the limit
+    edge = planted_cells({"shifted": [1.20, 1.25, 1.22], "chat": [0.96, 0.96, 0.96]})
+    assert confirm(edge, target_stratum="shifted", gate_passed=True)["adopt_strata"] == ["shifted"]
+    # a looser limit lets it through
+    loose = confirm(cells, target_stratum="shifted", gate_passed=True, rule=Rule(max_harm=0.10))
+    assert loose["adopt_strata"] == ["shifted"]
+
+
+def test_rule_needs_the_interval_above_the_minimum_effect_not_the_estimate() -> None:
+    # estimate 1.14 but the repeats spread so much that the interval reaches below 1.10
+    cells = planted_cells({"shifted": [1.02, 1.30, 1.12]})
+    v = confirm(cells, target_stratum="shifted", gate_passed=True)["verdicts"][0]
+    assert v["estimate"] > 1.10 and v["ci_low"] < 1.10 and not v["adopt"]
+    assert "not above 1.10" in v["reason"]
+    # a smaller minimum effect is judged against its own threshold
+    tight = planted_cells({"shifted": [1.07, 1.08, 1.075]})
+    assert not confirm(tight, target_stratum="shifted", gate_passed=True)["verdicts"][0]["adopt"]
+    assert confirm(tight, target_stratum="shifted", gate_passed=True, rule=Rule(min_effect=0.05))[
+        "adopt_strata"
+    ] == ["shifted"]
+
+
+def test_rule_needs_two_repeats_a_passed_gate_and_successful_requests() -> None:
+    one = planted_cells({"shifted": [1.4]})
+    v = confirm(one, target_stratum="shifted", gate_passed=True)["verdicts"][0]
+    assert not v["adopt"] and "needs at least 2 repeats" in v["reason"]
+    good = planted_cells({"shifted": [1.20, 1.25, 1.22]})
+    for gate, words in ((None, "no correctness verdict"), (False, "correctness gate after the swap failed")):
+        v = confirm(good, target_stratum="shifted", gate_passed=gate)["verdicts"][0]
+        assert not v["adopt"] and words in v["reason"]
+    failing = good.with_columns(
+        pl.when(pl.col("head") == "new").then(pl.lit(7)).otherwise(pl.col("requests_ok")).alias("requests_ok")
+    )
+    v = confirm(failing, target_stratum="shifted", gate_passed=True)["verdicts"][0]
+    assert not v["adopt"] and "success rate 87.5% < 99%" in v["reason"]
+
+
+def test_the_gain_metric_can_be_acceptance() -> None:
+    # acceptance rises 30% while throughput does not move (a CPU where drafting costs as much as it saves)
+    cells = planted_cells({"shifted": [1.0, 1.01, 0.99]}, mal_gain={"shifted": [1.3, 1.28, 1.32]})
+    assert confirm(cells, target_stratum="shifted", gate_passed=True)["adopt_strata"] == []
+    rule = Rule(gain_metric="mean_acceptance_length")
+    assert confirm(cells, target_stratum="shifted", gate_passed=True, rule=rule)["adopt_strata"] == [
+        "shifted"
+    ]
+    with pytest.raises(ValueError, match="gain_metric"):
+        Rule(gain_metric="speed")
+
+
+def test_adopt_strata_needs_every_load() -> None:
+    verdicts = [
+        {"stratum": "a", "adopt": True},
+        {"stratum": "a", "adopt": False},
+        {"stratum": "b", "adopt": True},
+    ]
+    assert adopt_strata(verdicts) == ["b"]
+    assert judge([], {}, target_stratum="a", gate_passed=True) == []
+
+
+# --- heads and plain captures ---------------------------------------------------------------------------------
+
+
+def test_resolve_head_hashes_a_directory_and_refuses_what_is_none(tmp_path: Path) -> None:
+    head = adapt.resolve_head("models/tiny-eagle3", label="old", raw_dir=tmp_path)
+    from tasks.drafters.provenance import drafter_digest
+
+    assert head.sha256 == drafter_digest(REPO / "models" / "tiny-eagle3") and head.drafter_id is None
+    artifact = tmp_path / "drafters" / "d1" / "head"
+    artifact.mkdir(parents=True)
+    for f in (REPO / "models" / "tiny-eagle3").iterdir():
+        if f.suffix in (".json", ".safetensors"):
+            (artifact / f.name).write_bytes(f.read_bytes())
+    by_id = adapt.resolve_head("d1", label="new", raw_dir=tmp_path)
+    assert by_id.drafter_id == "d1" and by_id.sha256 == head.sha256
+    with pytest.raises(InputError, match="neither a head directory"):
+        adapt.resolve_head("no-such-head", label="new", raw_dir=tmp_path)
+
+
+def _plain_capture(
+    raw: Path, name: str, deployment: str, model: str = "/m/tiny-target", cap: int = 24
+) -> None:
+    d = layout.capture_dir(raw, name)
+    d.mkdir(parents=True)
+    meta = {
+        "capture_id": name,
+        "deployment_id": deployment,
+        "variant": {"name": "plain", "method": "none"},
+        "max_tokens": cap,
+        "deployment": {"command": ["python", "-m", "vllm", "--model", model, "--port", "1"]},
+    }
+    write_json_atomic(d / layout.META, meta)
+    (d / layout.OUTPUTS).write_bytes(b"")
+
+
+def test_plain_captures_of_an_earlier_campaign(tmp_path: Path) -> None:
+    camp = tmp_path / "demo-1"
+    _plain_capture(camp, "plain.r0", "demo-1.plain.r0.l1")
+    _plain_capture(camp, "plain.r0.again", "demo-1.plain.r0.l1")
+    _plain_capture(camp, "plain.ctl1", "demo-1.plain.ctl1.l1")
+    found = adapt.plain_captures_of(camp, target_model="/m/tiny-target", max_tokens=24)
+    assert found.base.name == "plain.r0" and found.campaign_id == "demo-1"
+    assert sorted(b.name for _, b in found.controls) == ["plain.ctl1", "plain.r0.again"]
+    with pytest.raises(InputError, match="served"):
+        adapt.plain_captures_of(camp, target_model="/m/other", max_tokens=24)
+    with pytest.raises(InputError, match="capped"):
+        adapt.plain_captures_of(camp, target_model="/m/tiny-target", max_tokens=48)
+    lone = tmp_path / "lone"
+    _plain_capture(lone, "plain.r0", "lone.plain.r0.l1")
+    _plain_capture(lone, "plain.r0.again", "lone.plain.r0.l1")
+    with pytest.raises(InputError, match="cross-deployment"):
+        adapt.plain_captures_of(lone, target_model="/m/tiny-target", max_tokens=None)
+
+
+# --- into the warehouse and the report ------------------------------------------------------------------------
+
+
+def write_planted_adaptation(raw: Path) -> tuple[str, str]:
+    spec = parse_spec(
+        {
+            "name": "adapt-test",
+            "target": {"model": "models/tiny-target"},
+            "variants": [
+                {"name": "plain", "method": "none"},
+                {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"},
+            ],
+            "workloads": [{"file": "workloads/smoke.jsonl"}],
+            "load": {"concurrencies": [1]},
+            "launcher": {"kind": "local"},
+        }
+    )
+    campaign_id = ids.campaign_id("adapt-test-adapt", "0123456789abcdef")
+    directory = layout.campaign_dir(raw, campaign_id)
+    blocks = adapt.schedule(["chat", "code"], 3, seed=1)
+    adapt.record_adaptation_campaign(
+        directory,
+        campaign_id,
+        spec,
+        name="adapt-test-adapt",
+        spec_sha256="0123456789abcdef",
+        label=None,
+        slot=f"{campaign_id}.eagle3-k3.r0",
+        variant="eagle3-k3",
+        blocks=blocks,
+        cells=[],
+        captures=[],
+    )
+    cells = planted_cells({"code": [1.20, 1.25, 1.22], "chat": [0.97, 0.98, 0.99]})
+    out = confirm(cells, target_stratum="code", gate_passed=True)
+    adaptation_id = ids.adaptation_id("eagle3-k3", "code", "fedcba9876543210")
+    adapt.write_adaptation(
+        directory,
+        {
+            "adaptation_id": adaptation_id,
+            "campaign_id": campaign_id,
+            "deployment_id": f"{campaign_id}.eagle3-k3.r0.l1",
+            "variant": "eagle3-k3",
+            "target_stratum": "code",
+            "strata": ["chat", "code"],
+            "loads": ["c1"],
+            "repeats": 3,
+            "seed": 1,
+            "min_effect": 0.1,
+            "max_harm": 0.05,
+            "confidence": 0.95,
+            "gain_metric": "throughput",
+            "old_head": {"label": "old", "path": "/m/old", "sha256": OLD_SHA},
+            "new_head": {"label": "new", "path": "/m/new", "sha256": NEW_SHA, "drafter_id": "d1"},
+            "schedule": [
+                {**b.__dict__, "cells": [], "statuses": [], "swap": None, "serving_sha256": None}
+                for b in blocks
+            ],
+            "swaps": [
+                {
+                    "at": "2026-12-02T10:00:00+00:00",
+                    "old_sha256": OLD_SHA,
+                    "new_sha256": NEW_SHA,
+                    "head": "/m/new",
+                }
+            ],
+            "swapped_back": True,
+            "final_sha256": OLD_SHA,
+            "gate": {
+                "verdict_id": "eagle3-k3.01234567",
+                "passed": True,
+                "outcome": "consistent",
+                "claim": "ok",
+            },
+            **out,
+            "status": "ok",
+        },
+    )
+    return campaign_id, adaptation_id
+
+
+def test_the_verdict_reaches_the_warehouse_and_the_report(tmp_path: Path) -> None:
+    raw, db = tmp_path / "raw", tmp_path / "w.duckdb"
+    campaign_id, adaptation_id = write_planted_adaptation(raw)
+    report = ingest_raw(raw, db)
+    assert report.counts()["adaptations"] == {"inserted": 1}, report.as_dict()
+    assert not [q for q in report.as_dict()["quarantined"] if "adaptations" in q], report.as_dict()
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute(
+        "SELECT stratum, target, adopt, round(gain, 4), round(mal_ratio, 4), adopt_strata, swapped_back "
+        "FROM v_adaptation ORDER BY stratum"
+    ).fetchall()
+    gain = ratio_interval([1.20, 1.25, 1.22]).estimate
+    assert rows == [
+        (
+            "chat",
+            False,
+            False,
+            round(ratio_interval([0.97, 0.98, 0.99]).estimate, 4),
+            round(ratio_interval([0.97, 0.98, 0.99]).estimate, 4),
+            '["code"]',
+            True,
+        ),
+        ("code", True, True, round(gain, 4), round(gain, 4), '["code"]', True),
+    ]
+    assert con.execute("SELECT count(*) FROM adaptation_comparisons").fetchone() == (6,)
+    con.close()
+    assert ingest_raw(raw, db).counts()["adaptations"]["inserted"] == 0  # immutable: ingested once
+    page = write_adaptation_report(campaign_id, db=db, reports_dir=tmp_path / "reports")
+    text = page.read_text()
+    assert "Strata that should get the adapted head: code." in text
+    assert "Keep the old head for chat." in text
+    assert adaptation_id in text and (page.parent / "adaptation.png").stat().st_size > 1000
+    assert not math.isnan(gain)
+
+
+def test_a_verdict_that_adopts_without_the_gate_is_quarantined(tmp_path: Path) -> None:
+    raw, db = tmp_path / "raw", tmp_path / "w.duckdb"
+    campaign_id, adaptation_id = write_planted_adaptation(raw)
+    path = layout.adaptation_file(layout.campaign_dir(raw, campaign_id), adaptation_id)
+    import json
+
+    data = json.loads(path.read_text())
+    data["gate"]["passed"] = False  # a writer that ignored the gate: the warehouse refuses the document
+    for v in data["verdicts"]:
+        v["gate_passed"] = False
+    path.chmod(0o644)
+    path.write_text(json.dumps(data))
+    report = ingest_raw(raw, db)
+    quarantined = [q for q in report.as_dict().get("quarantined", []) if "adaptations" in str(q)]
+    assert quarantined and "adopt" in str(quarantined[0])
