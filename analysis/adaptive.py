@@ -25,7 +25,7 @@ are narrower still but are not corrected for the looks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +92,15 @@ class Observations:
     @property
     def repeats_done(self) -> int:
         return len(self.repeats)
+
+    def restricted_to(self, repeats: Iterable[int]) -> Observations:
+        """Only these repeat blocks (the ones finished so far, or the first b of a finished campaign)."""
+        keep = set(repeats)
+        return Observations(
+            metric=self.metric,
+            repeats=tuple(r for r in self.repeats if r in keep),
+            ratios={c: {r: v for r, v in by.items() if r in keep} for c, by in self.ratios.items()},
+        )
 
 
 @dataclass(frozen=True)

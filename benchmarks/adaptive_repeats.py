@@ -7,7 +7,8 @@ run-to-run spread of a repeat's log-ratio (sigma), measured on this repository's
 `--measure RAW/<campaign>` (the pooled standard deviation of the per-repeat log throughput speedups around
 each comparison's mean):
 
-- demo: 0.103 (the demo campaign of the fresh-clone CI run 2026-12-02, 18 comparisons x 2 repeats);
+- demo: 0.103 (the demo campaign of the fresh-clone .ci/run of 2026-12-01 20:22 UTC, demo-a37b663f, 18
+  comparisons x 2 repeats; the other depth-load campaigns give 0.095 and 0.162);
 - depth-load: 0.171 (experiments/depth-load.yaml, var/raw/depth-load-e42f0a70, 24 x 2; the noisiest here);
 - reference: 0.015 (the reference study's same-node A/A pairs differ by at most 1.5%: docs/analysis.md).
 
