@@ -150,6 +150,7 @@ class WorkerOutcome:
     capped: bool = False
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # None: it finished
+    consequence: bool = False  # it failed because another worker had (a broken barrier)
 
 
 def merge_records(
@@ -205,11 +206,9 @@ async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> L
         if job.fail == "warmup":
             raise RuntimeError("injected failure after warm-up (tests)")
         # all workers have warmed up; the parent scrapes /metrics; then all open the measured window. A broken
-        # barrier means another worker ended first: a failure (the parent stops this one) or a worker whose
-        # time cap fell in its warm-up (then no window is aligned; the cell is capped anyway)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
-            await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
+        # barrier (another worker ended first) stops this one too: no measured window could be aligned
+        await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
+        await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
 
     async with StreamingClient(
         job.base_url,
@@ -251,7 +250,11 @@ def _worker_main(job: WorkerJob, start_barrier: Any, window_barrier: Any) -> Non
                 notes=loaded.notes,
             )
         except BaseException as exc:  # every failure is reported to the parent, then the worker exits 1
-            result["error"] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, threading.BrokenBarrierError):
+                result["error"] = "stopped: another worker ended first (the barrier was broken)"
+                result["consequence"] = True
+            else:
+                result["error"] = f"{type(exc).__name__}: {exc}"
             result["traceback"] = traceback.format_exc(limit=8)
             code = 1
             for barrier in (start_barrier, window_barrier):
@@ -277,6 +280,7 @@ def read_outcome(worker: int, records_path: Path, result_path: Path, exitcode: i
         outcome.capped = bool(result.get("capped"))
         outcome.notes = list(result.get("notes") or [])
         outcome.error = result.get("error")
+        outcome.consequence = bool(result.get("consequence"))
     elif exitcode is None:
         outcome.error = "did not end"
     elif exitcode < 0:
@@ -447,7 +451,9 @@ async def run_load_workers(
     if own_dir:
         shutil.rmtree(directory, ignore_errors=True)
     # the cause first: a worker that failed by itself, before those the parent stopped because of it
-    failed = sorted((o for o in outcomes if o.error is not None), key=lambda o: o.worker in pool.stopped)
+    failed = sorted(
+        (o for o in outcomes if o.error is not None), key=lambda o: o.consequence or o.worker in pool.stopped
+    )
     if failed:
         first = failed[0]
         others = f" ({len(failed) - 1} more failed after it)" if len(failed) > 1 else ""
