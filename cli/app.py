@@ -95,6 +95,7 @@ COMMAND_MODULES: list[str] = [
     "analysis",
     "blocks",
     "campaign",
+    "drafters",
     "emulator",
     "gate",
     "imports",

@@ -463,7 +463,8 @@ def run_confirmation(inputs: Inputs, *, ingest: bool = True, log: Any = None) ->
         **verdict,
         "notes": notes,
         "status": "ok" if error is None and result is not None and result.error is None else "failed",
-        "error": error or (result.error if result else None),
+        "error": (result.error if result else None)
+        or error,  # the schedule's error names a failed swap-back too
         "started_utc": started,
         "ended_utc": utc_now(),
     }

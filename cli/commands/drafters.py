@@ -1,0 +1,167 @@
+"""`specgauge drafters ...`: drafter heads over their lifecycle (docs/adaptation.md).
+
+`drafters confirm`: the confirm-adaptation flow (flows/adapt.py) on one hot-swap deployment: the old head
+against a new one in a randomised schedule of swaps, the gate after the swap, the benefit rule per stratum.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+
+CONFIRM_HELP = "\n\n".join(
+    [
+        "Confirm that a new EAGLE-3 head pays, on a running server: launch the spec's eagle3 variant once "
+        "(with hot_swap), then per repeat measure every stratum with the old head and with the new one, in a "
+        "seeded random order of blocks, swapping heads without a restart; capture the capture corpus with "
+        "the new head serving and gate it against plain; swap the old head back in (always, on failure too); "
+        "tear down. Per stratum: mean acceptance length, throughput and TPOT new / old with t intervals over "
+        "repeats, and the benefit rule: adopt the new head for a stratum only when its gain's interval lies "
+        "above 1 + --min-effect, no other stratum is worse by more than --max-harm, its requests succeeded "
+        "and the gate passed.",
+        "--new: a head directory or a drafter artifact id (SPECGAUGE_HOME/raw/drafters/<id>). --old: default "
+        "the variant's eagle_head. --plain-from CAMPAIGN: reuse that campaign's plain captures for the gate "
+        "(same target, capture corpus, sampling and max_tokens; checked); without it the flow launches plain "
+        "twice for them.",
+        "Prints the verdict per stratum and the report's path (SPECGAUGE_HOME/reports/<campaign>/index.html); "
+        'the verdict is in the warehouse (`specgauge sql "SELECT * FROM v_adaptation"`). Exit 0: done '
+        "(whatever the verdict); 2: refused input.",
+    ]
+)
+
+
+def confirm(
+    new: Annotated[str, typer.Option("--new", help="The new head: a directory or a drafter artifact id.")],
+    target: Annotated[str, typer.Option("--target", help="The stratum the head was adapted for.")],
+    spec: Annotated[
+        str, typer.Option("--spec", help="Experiment spec (target, eagle3 variant, workloads).")
+    ] = ("experiments/adapt.yaml"),
+    old: Annotated[str | None, typer.Option("--old", help="The old head (default: the variant's).")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="The spec's eagle3 variant.")] = None,
+    strata: Annotated[
+        str | None, typer.Option("--strata", help="Comma-separated strata (default: all).")
+    ] = None,
+    concurrencies: Annotated[
+        str | None, typer.Option("--concurrencies", help="Comma-separated closed-loop concurrencies.")
+    ] = None,
+    requests: Annotated[int | None, typer.Option("--requests", help="Measured requests per cell.")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Passes over every (head, stratum) block.")] = 3,
+    min_effect: Annotated[float, typer.Option("--min-effect", help="Minimum gain on a stratum.")] = 0.10,
+    max_harm: Annotated[
+        float, typer.Option("--max-harm", help="Largest loss another stratum may take.")
+    ] = 0.05,
+    gain_metric: Annotated[
+        str, typer.Option("--gain-metric", help="throughput, mean_acceptance_length or tpot_p50.")
+    ] = "throughput",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the block order.")] = 0,
+    plain_from: Annotated[
+        str | None, typer.Option("--plain-from", help="Campaign whose plain captures the gate reuses.")
+    ] = None,
+    gate: Annotated[bool, typer.Option("--gate/--no-gate", help="Gate the new head's capture.")] = True,
+    label: Annotated[
+        str | None, typer.Option("--label", help="A new confirmation instead of resuming.")
+    ] = None,
+) -> None:
+    from analysis.adaptation import Rule
+    from cli.commands.campaign import _listed
+    from flows.adapt import Inputs
+
+    # bad input is refused here, before Prefect starts (one line, exit 2, from the CLI's error boundary)
+    parsed_strata = _listed(strata, "--strata")
+    parsed_loads = _listed(concurrencies, "--concurrencies", int)
+    Inputs(
+        spec,
+        new,
+        target_stratum=target,
+        old_head=old,
+        variant=variant,
+        strata=parsed_strata,
+        concurrencies=parsed_loads,
+        requests=requests,
+        repeats=repeats,
+        seed=seed,
+        rule=Rule(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric),
+        plain_from=plain_from,
+        gate=gate,
+        label=label,
+    )
+    from flows.adapt import confirm_adaptation
+
+    document = confirm_adaptation(
+        spec_path=spec,
+        new_head=new,
+        target_stratum=target,
+        old_head=old,
+        variant=variant,
+        strata=parsed_strata,
+        concurrencies=parsed_loads,
+        requests=requests,
+        repeats=repeats,
+        min_effect=min_effect,
+        max_harm=max_harm,
+        gain_metric=gain_metric,
+        seed=seed,
+        plain_from=plain_from,
+        gate=gate,
+        label=label,
+    )
+    console.print(verdict_table(document))
+    gate_facts = document.get("gate") or {}
+    console.print(
+        f"gate after the swap: {gate_facts.get('outcome') or gate_facts.get('error') or 'not run'}",
+        markup=False,
+    )
+    console.print(f"verdict: {document['summary']}", markup=False)
+    if document.get("status") != "ok":
+        console.print(f"the confirmation FAILED: {document.get('error')}", markup=False)
+    if document.get("report"):
+        console.print(f"report: {document['report']}", markup=False)
+
+
+def _ratio(c: dict | None) -> str:
+    if not c or c.get("estimate") is None:
+        return "-"
+    if c.get("ci_low") is None:
+        return f"{c['estimate']:.3f} ({c.get('interval')})"
+    return f"{c['estimate']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+
+
+def verdict_table(document: dict) -> Table:
+    table = Table(title=f"adaptation {document['adaptation_id']}", title_justify="left")
+    for name in (
+        "stratum",
+        "load",
+        "MAL old -> new",
+        "MAL new/old",
+        "throughput new/old",
+        "TPOT old/new",
+        "verdict",
+    ):
+        table.add_column(name)
+    comparisons = {(c["stratum"], c["load_label"], c["metric"]): c for c in document["comparisons"]}
+    for v in document["verdicts"]:
+        key = (v["stratum"], v["load_label"])
+        mal = comparisons.get((*key, "mean_acceptance_length"))
+        table.add_row(
+            v["stratum"] + (" (target)" if v["target"] else ""),
+            v["load_label"],
+            "-"
+            if not mal or mal.get("old_mean") is None
+            else f"{mal['old_mean']:.3f} -> {mal['new_mean']:.3f}",
+            _ratio(mal),
+            _ratio(comparisons.get((*key, "throughput"))),
+            _ratio(comparisons.get((*key, "tpot_p50"))),
+            "adopt" if v["adopt"] else f"keep old: {v['reason']}",
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    drafters_app = typer.Typer(help="Drafter heads: confirm an adapted head.", no_args_is_help=True)
+    drafters_app.command("confirm", help=CONFIRM_HELP)(confirm)
+    app.add_typer(drafters_app, name="drafters")
