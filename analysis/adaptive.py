@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -45,6 +46,23 @@ ALPHA_SHARE = 0.5
 """The share of the campaign's alpha (1 - confidence) the adaptive rule's intervals may miss by: half, so a
 95% campaign stops on (and reports) 97.5% intervals. Chosen by benchmarks/adaptive_repeats.py: the smallest
 round correction whose coverage stays >= 93% in every scenario there, with min >= 3."""
+
+
+def interval_confidence(confidence: float = 0.95) -> float:
+    """The level of the rule's intervals: the campaign's confidence with ALPHA_SHARE of its alpha."""
+    return 1.0 - (1.0 - confidence) * ALPHA_SHARE
+
+
+class RepeatRule(Protocol):
+    """What the rule reads of its settings: AdaptiveRepeats here, or the spec's own model of the same fields
+    (experiments.spec), without converting one into the other."""
+
+    @property
+    def min(self) -> int: ...
+    @property
+    def max(self) -> int: ...
+    @property
+    def target_halfwidth(self) -> float: ...
 
 
 class AdaptiveRepeats(BaseModel):
@@ -68,7 +86,7 @@ class AdaptiveRepeats(BaseModel):
 
     def interval_confidence(self, confidence: float = 0.95) -> float:
         """The level of the rule's intervals: the campaign's confidence with half its alpha spent."""
-        return 1.0 - (1.0 - confidence) * ALPHA_SHARE
+        return interval_confidence(confidence)
 
 
 @dataclass(frozen=True, order=True)
@@ -135,10 +153,10 @@ def log_halfwidth(ratios: list[float], confidence: float) -> tuple[float | None,
 
 
 def repeat_decision(
-    observations: Observations, rule: AdaptiveRepeats, *, confidence: float = 0.95
+    observations: Observations, rule: RepeatRule, *, confidence: float = 0.95
 ) -> RepeatDecision:
     """Whether the campaign stops launching repeat blocks, after `observations.repeats_done` of them."""
-    level = rule.interval_confidence(confidence)
+    level = interval_confidence(confidence)
     widths = []
     for comparison in sorted(observations.ratios):
         by_repeat = observations.ratios[comparison]
@@ -307,7 +325,7 @@ def t_halfwidths(log_ratios: np.ndarray, confidence: float) -> tuple[np.ndarray,
 
 
 def stopping_repeats(
-    log_ratios: np.ndarray, rule: AdaptiveRepeats, confidence: float
+    log_ratios: np.ndarray, rule: RepeatRule, confidence: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rule applied to simulated campaigns: log_ratios[campaign, comparison, repeat] (max repeats each).
     Returns (repeats used per campaign, each comparison's final mean log-ratio, its final halfwidth), with

@@ -229,3 +229,19 @@ def test_the_rule_keeps_coverage_at_or_above_93_percent_and_the_naive_rule_does_
     assert simulated_coverage("rule", trials) >= floor
     naive = simulated_coverage("naive", trials)
     assert naive < floor, f"the naive rule covered {naive:.1%}: the check would not catch the bias"
+
+
+def test_any_settings_with_min_max_and_target_serve_as_the_rule() -> None:
+    """The spec keeps its own model of the three fields (experiments.spec); the rule reads them as they are."""
+
+    @dataclass(frozen=True)
+    class SpecRule:
+        min: int
+        max: int
+        target_halfwidth: float
+
+    observations = observed({CHAT: NARROW[:3], CODE: [0.9, 0.905, 0.895]})
+    for target, stop in ((0.001, False), (1.0, True)):
+        ours = repeat_decision(observations, AdaptiveRepeats(min=3, max=6, target_halfwidth=target))
+        theirs = repeat_decision(observations, SpecRule(3, 6, target))
+        assert ours == theirs and ours.stop is stop
