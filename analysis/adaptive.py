@@ -13,10 +13,10 @@ block the campaign reads its finished cells from disk (`campaign_observations`, 
 
 Sequential looks bias naive intervals: a campaign that stops as soon as its 95% intervals look narrow stops
 exactly when its sample spread came out small, and those intervals then cover the truth less often (down to
-89% with one comparison, min 3, max 10: benchmarks/adaptive_repeats.py). The correction chosen by that
+90.4% with one comparison and min 3, 88.2% with min 2: benchmarks/adaptive_repeats.py). The correction chosen by that
 simulation: the rule's intervals, for stopping AND for reporting, spend half of the campaign's alpha
 (`interval_confidence`: 97.5% t intervals for a 95% campaign), and min is at least 3. With it the reported
-interval covers at or above 94% of the time in every simulated scenario (docs/analysis.md, "Adaptive
+interval covers 94.5% or more of the time in every simulated scenario (docs/analysis.md, "Adaptive
 repeats"). A campaign that stopped therefore has 97.5% intervals at or under the target; the analysis should
 report such a campaign at `interval_confidence` (AnalysisSettings(confidence=...)); its plain 95% intervals
 are narrower still but are not corrected for the looks.
