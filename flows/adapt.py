@@ -405,7 +405,8 @@ def run_confirmation(inputs: Inputs, *, ingest: bool = True, log: Any = None) ->
             assert capture_corpus is not None
             if layout.capture_complete(layout.capture_dir(directory, inputs.capture_id)):
                 return
-            tracked.swap(inputs.new.path)
+            if tracked.serving() != inputs.new.sha256:  # the last block may have left it serving
+                tracked.swap(inputs.new.path)
             served = tracked.serving()
             if served is not None and served != inputs.new.sha256:
                 raise adapt.AdaptationError(f"after the swap for the gate the server serves {served[:12]}")

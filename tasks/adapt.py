@@ -207,7 +207,8 @@ def resolve_head(
     from specgauge.settings import REPO_ROOT
 
     candidates = [Path(value), (repo or REPO_ROOT) / value]
-    drafters = Path(raw_dir or get_settings().raw_dir) / "drafters" / value
+    drafters_dir = Path(raw_dir or get_settings().raw_dir) / "drafters"
+    drafters = drafters_dir / value
     candidates += [drafters / "head", drafters]
     for path in candidates:
         if (path / "config.json").is_file():
@@ -220,7 +221,7 @@ def resolve_head(
             )
     raise InputError(
         f"{label} head {value!r}: neither a head directory (with config.json) nor a drafter artifact "
-        f"under {drafters.parent}"
+        f"under {drafters_dir}"
     )
 
 

@@ -497,3 +497,80 @@ def test_a_verdict_that_adopts_without_the_gate_is_quarantined(tmp_path: Path) -
     report = ingest_raw(raw, db)
     quarantined = [q for q in report.as_dict().get("quarantined", []) if "adaptations" in str(q)]
     assert quarantined and "adopt" in str(quarantined[0])
+
+
+# --- end to end on the embedded engine (one engine start; the gate reuses the session campaign's plain captures) ---
+
+E2E_SPEC = """
+name: adapt-e2e
+target: {model: models/tiny-target, served_model_name: tiny, max_model_len: 2048, seed: 0}
+variants:
+  - {name: plain, method: none}
+  - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/tiny-eagle3, hot_swap: true}
+workloads:
+  - {file: workloads/smoke.jsonl, strata: [code, summarization]}
+load: {concurrencies: [1], requests: 4, warmup: 1, request_timeout_s: 120}
+sampling: {temperature: 0.0, seed: 0}
+capture: {corpus: workloads/capture.jsonl, max_tokens: 24}
+launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
+"""
+
+
+def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path: Path) -> None:
+    """A head whose drafts land on the wrong tokens (lm_head rows permuted) swapped into a running server:
+    every block measured with the head it should have, the old head serving again at the end, the gate
+    taken with the new head, acceptance down with an interval below 1, and the rule keeps the old head."""
+    import json
+
+    from hot_swap_heads import derive_head
+
+    from flows.adapt import confirm_adaptation
+    from specgauge.settings import get_settings
+    from warehouse.db import reader
+
+    settings = get_settings()
+    new = derive_head(settings.engine_python, tmp_path / "permuted", "permute_lm_head")
+    spec = tmp_path / "adapt.yaml"
+    spec.write_text(E2E_SPEC)
+    doc = confirm_adaptation(
+        spec_path=str(spec),
+        new_head=str(new),
+        target_stratum="code",
+        repeats=2,
+        plain_from=demo_campaign["campaign_id"],
+    )
+    assert doc["status"] == "ok", doc["error"]
+    old_sha, new_sha = doc["old_head"]["sha256"], doc["new_head"]["sha256"]
+    blocks = [Block(b["position"], b["repeat"], b["head"], b["stratum"]) for b in doc["schedule"]]
+    assert len(blocks) == 8 and blocks == adapt.schedule(["code", "summarization"], 2, seed=0)
+    # the swaps the schedule needs, plus the gate's capture under the new head and the swap back after it
+    assert len(doc["swaps"]) == adapt.swaps_needed([*blocks, Block(8, 1, "new", "capture")])
+    assert doc["swapped_back"] and doc["final_sha256"] == old_sha
+    # each block ran under its own head, and its cells carry that head's hash (not the launched one's)
+    cells_dir = layout.cells_dir(Path(doc["path"]).parents[1])
+    for block in doc["schedule"]:
+        want = old_sha if block["head"] == "old" else new_sha
+        assert block["serving_sha256"] == want and block["statuses"] == ["ok"]
+        meta = json.loads((layout.cell_attempts(cells_dir, block["cells"][0])[-1] / layout.META).read_text())
+        assert meta["deployment"]["drafter"]["sha256"] == want
+    assert doc["notes"] == []
+    gate = doc["gate"]
+    assert gate["passed"], gate  # a bad head drafts badly but speculation stays lossless
+    mal = {c["stratum"]: c for c in doc["comparisons"] if c["metric"] == "mean_acceptance_length"}
+    for stratum in ("code", "summarization"):
+        assert mal[stratum]["n_repeats"] == 2 and mal[stratum]["new_mean"] < mal[stratum]["old_mean"]
+        assert mal[stratum]["ci_high"] < 1.0, mal[stratum]
+    assert doc["adopt_strata"] == [] and doc["summary"].startswith("keep the old head")
+    with reader() as con:
+        rows = con.execute(
+            "SELECT stratum, adopt, gate_passed, mal_ratio < 1 FROM v_adaptation WHERE adaptation_id = ? "
+            "ORDER BY stratum",
+            [doc["adaptation_id"]],
+        ).fetchall()
+        hashes = con.execute(
+            "SELECT count(DISTINCT drafter_sha256) FROM cells WHERE campaign_id = ?", [doc["campaign_id"]]
+        ).fetchone()
+    assert rows == [("code", False, True, True), ("summarization", False, True, True)]
+    assert hashes == (2,)
+    page = Path(doc["report"]).read_text()
+    assert "No stratum should get the adapted head: keep the old one." in page
