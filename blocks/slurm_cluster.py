@@ -47,7 +47,11 @@ class SlurmClusterBlock(Block):
     arch: str = Field(default="arm64", description="Replaces {arch} in the environment TOML (GH200: arm64).")
     setup: list[str] = Field(default_factory=list, description="Shell lines the job runs before the engine.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for the engine.")
-    port: int = Field(default=8080, description="Engine port on the node (sml: always 8080).")
+    port: int = Field(
+        default=8080,
+        description="Engine port on the node (sml: always 8080); 0: the SLURM job takes a free one, for nodes "
+        "that several slots of a campaign may share.",
+    )
     ssh_block: str | None = Field(
         default=None, description="Name of the ClusterSSHBlock to reach the login node; none: run on it."
     )

@@ -78,6 +78,16 @@ class CampaignPlan:
     def searches(self) -> list[SearchPlan]:
         return [d.search for d in self.deployments if d.search is not None]
 
+    def blocks(self) -> list[tuple[DeploymentPlan, ...]]:
+        """The repeat blocks, in launch order: each repeat's slots in their recorded order (one node runs a
+        block, so its speedups are paired within a node), then each gate control on its own."""
+        arms: dict[int, list[DeploymentPlan]] = {}
+        for d in self.deployments:
+            if d.role == "arm":
+                arms.setdefault(d.repeat, []).append(d)
+        controls = [(d,) for d in self.deployments if d.role != "arm"]
+        return [tuple(slots) for _, slots in sorted(arms.items())] + controls
+
 
 def gated(spec: ExperimentSpec, variant: Variant) -> bool:
     """Whether the correctness gate compares this variant's outputs with plain's: not a lossy one, greedy, and
@@ -152,6 +162,8 @@ def spec_digest(spec: ExperimentSpec) -> str:
                 del variant[axis]
         if not variant["aa_control"]:
             del variant["aa_control"]
+        if not variant.get("hot_swap", True):
+            del variant["hot_swap"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -162,8 +174,6 @@ def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
         raise SpecError(
             f"label {label!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
             "digit, and be at most 48 characters"
-        if not variant.get("hot_swap", True):
-            del variant["hot_swap"]
         )
     return ids.campaign_id(spec.name, spec_digest(spec), label)
 
@@ -205,7 +215,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
     rng = random.Random(spec.seed)
     orders: list[tuple[str, ...]] = []
     deployments: list[DeploymentPlan] = []
-    for repeat in range(spec.repeats):
+    for repeat in range(spec.max_repeats):
         names = [v.name for v in spec.variants]
         rng.shuffle(names)  # spread drift over variants instead of always measuring plain first
         orders.append(tuple(names))

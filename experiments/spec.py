@@ -318,6 +318,12 @@ class LoadSpec(Strict):
     # Each /metrics scrape stalls vLLM's API server briefly (benchmarks/gauge_observer_effect.py): sample
     # sparingly, so the gauges do not disturb the latencies they accompany.
     gauge_interval_s: float = Field(default=2.0, gt=0, description="Seconds between gauge scrapes.")
+    workers: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        default=1,
+        description="Client processes that share each cell's streams (tasks/load/workers.py): closed loop "
+        "splits C, open loop superposes seeded Poisson streams of rate/W; auto: from the cell's expected "
+        "chunk rate and the client's measured chunks per CPU-second, capped by the cores.",
+    )
 
     def requests_at(self, concurrency: int | None) -> int:
         """Measured requests of a cell at this concurrency (None: an open-loop cell)."""
@@ -329,12 +335,6 @@ class LoadSpec(Strict):
         """Warm-up requests of a cell at this concurrency (None: an open-loop cell)."""
         if self.warmup is not None:
             return self.warmup
-    workers: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
-        default=1,
-        description="Client processes that share each cell's streams (tasks/load/workers.py): closed loop "
-        "splits C, open loop superposes seeded Poisson streams of rate/W; auto: from the cell's expected "
-        "chunk rate and the client's measured chunks per CPU-second, capped by the cores.",
-    )
         return concurrency if concurrency is not None else 2
 
 
@@ -437,6 +437,27 @@ class ValiditySpec(Strict):
         gt=0,
         description="Measured requests of the client calibration (at least the concurrency).",
     )
+
+
+class AdaptiveRepeats(Strict):
+    """`repeats: {min, max, target_halfwidth}`: launch at least `min` and at most `max` repeat blocks; after
+    each block, stop once every interval the decision needs (each speculative variant against plain, per
+    stratum and load) is within `target_halfwidth` on the log scale (0.05: about 5% either side of the
+    speedup). The rule and its validation by simulation: docs/analysis.md, analysis/adaptive.py."""
+
+    min: int = Field(
+        default=3, ge=3, description="Repeat blocks before the first look (>= 3: see docs/analysis.md)."
+    )
+    max: int = Field(default=8, ge=3, description="Repeat blocks at most.")
+    target_halfwidth: float = Field(
+        gt=0, le=1, description="log(high / estimate) that every decision interval must reach."
+    )
+
+    @model_validator(mode="after")
+    def max_at_least_min(self) -> AdaptiveRepeats:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
 
 
 class DecisionSpec(Strict):
@@ -755,7 +776,18 @@ class ExperimentSpec(Strict):
         description="Tensor/data parallel layouts to sweep (they override the target's sizes); more than one "
         "gives each a copy of every variant, plain included. SLURM GPUs per node follow from them.",
     )
-    repeats: int = Field(default=1, gt=0, description="Independently launched deployments per variant.")
+    repeats: int | AdaptiveRepeats = Field(
+        default=1,
+        description="Independently launched deployments per variant: a number, or {min, max, target_halfwidth} "
+        "to stop launching once the decision's intervals are narrow enough.",
+    )
+    parallel_deployments: int = Field(
+        default=1,
+        gt=0,
+        description="Repeat blocks in flight at once. A block (plain and every variant of one repeat, in its "
+        "recorded order) runs on one node, so each speedup is paired within a node; several blocks run on "
+        "several nodes as the cluster allocates them. 1: one deployment at a time.",
+    )
     capture: CaptureSpec = CaptureSpec()
     slo: SLO = SLO()
     launcher: LaunchSpec = LocalLaunchSpec()
@@ -791,6 +823,22 @@ class ExperimentSpec(Strict):
     def depth_lists(cls, value: Any) -> Any:
         expand_depths(value)  # raises on an empty list (such a spec reaches here unexpanded)
         return value
+
+    @field_validator("repeats")
+    @classmethod
+    def some_repeats(cls, value: int | AdaptiveRepeats) -> int | AdaptiveRepeats:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("repeats must be at least 1")
+        return value
+
+    @property
+    def max_repeats(self) -> int:
+        """Repeat blocks planned: the fixed count, or the adaptive rule's maximum."""
+        return self.repeats if isinstance(self.repeats, int) else self.repeats.max
+
+    @property
+    def adaptive_repeats(self) -> AdaptiveRepeats | None:
+        return None if isinstance(self.repeats, int) else self.repeats
 
     @model_validator(mode="after")
     def some_load(self) -> ExperimentSpec:

@@ -8,7 +8,11 @@ speculative variant (its verdicts are raw artifacts), ingest the raw tree once, 
 Re-running the same spec resumes: finished cells, captures, profiles and verdicts are skipped.
 """
 
+import contextvars
 import logging
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from analysis.adaptive import AdaptiveRepeats as AdaptiveRule
+from analysis.adaptive import Observations, RepeatDecision, campaign_observations, repeat_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -29,7 +35,7 @@ from experiments.plan import (
     plan_campaign,
     resolve_repo_path,
 )
-from experiments.spec import ExperimentSpec
+from experiments.spec import AdaptiveRepeats, ExperimentSpec
 from flows.analyze import analyze as analyze_flow
 from flows.gate import gate_campaign
 from flows.ingest import ingest as ingest_flow
@@ -194,12 +200,18 @@ def teardown_task(launcher: Launcher, deployment: Deployment) -> None:
 
 @flow(name="deployment", flow_run_name="{slot.variant.name}-r{slot.repeat}-{slot.role}")
 def deployment_flow(
-    spec: ExperimentSpec, campaign_id: str, slot: DeploymentPlan, corpora: dict[str, Corpus]
+    spec: ExperimentSpec,
+    campaign_id: str,
+    slot: DeploymentPlan,
+    corpora: dict[str, Corpus],
+    node: str | None = None,
 ) -> dict[str, Any]:
     """One deployment slot of a planned campaign: launch, wait until ready, cells, captures, teardown;
-    relaunch if the engine dies mid-way. `corpora` holds the workload files its cells and captures use."""
+    relaunch if the engine dies mid-way. `corpora` holds the workload files its cells and captures use;
+    `node` pins the launch to the node the slot's repeat block runs on (None: the scheduler's choice)."""
     directory = state.campaign_dir(campaign_id)
     launcher = launcher_for(spec, resolve_launcher_config(spec.launcher))
+    launcher.place_on(node)
     logger = get_run_logger()
     reporter = progress.current()
     outcome = SlotOutcome(slot=slot.deployment_id)
@@ -222,6 +234,7 @@ def deployment_flow(
             outcome.not_run([c.cell_id for c in todo_cells], "launch failed")
             return outcome.as_dict()
         outcome.launches.append(deployment.id)
+        outcome.node = deployment.extra.get("node")
         reporter.deployment(deployment.id, f"ready in {deployment.ready_s:.0f} s")
         died = False
         try:
@@ -252,6 +265,104 @@ def deployment_flow(
     else:
         outcome.error = f"engine died {MAX_LAUNCHES_PER_SLOT} times"
     return outcome.as_dict()
+
+
+# -- repeat blocks ---------------------------------------------------------------------------------------------
+def run_block(
+    spec: ExperimentSpec, plan: CampaignPlan, block: tuple[DeploymentPlan, ...], stop: threading.Event
+) -> list[dict[str, Any]]:
+    """One repeat block: its slots in their recorded order, each pinned to the node the block's first launch
+    ran on, so that every speedup of the block is paired within one node. Once `stop` is set (the campaign
+    failed or was cancelled) it launches nothing more."""
+    outcomes: list[dict[str, Any]] = []
+    node: str | None = None
+    for slot in block:
+        if stop.is_set():
+            skipped = SlotOutcome(slot=slot.deployment_id, error="not launched: the campaign stopped")
+            skipped.not_run([c.cell_id for c in slot.cells], "campaign stopped")
+            outcomes.append(skipped.as_dict())
+            continue
+        outcome = deployment_flow(spec, plan.campaign_id, slot, slot_corpora(spec, plan, slot), node=node)
+        outcomes.append(outcome)
+        node = node or outcome.get("node")
+    return outcomes
+
+
+def repeat_decision_now(directory: Path, rule: AdaptiveRepeats, finished: list[int]) -> RepeatDecision:
+    """The adaptive rule on the repeat blocks finished so far (cells of blocks still in flight left out)."""
+    seen = campaign_observations(directory)
+    keep = set(finished)
+    observed = Observations(
+        metric=seen.metric,
+        repeats=tuple(sorted(keep)),
+        ratios={c: {r: v for r, v in by.items() if r in keep} for c, by in seen.ratios.items()},
+    )
+    return repeat_decision(observed, AdaptiveRule(**rule.model_dump()))
+
+
+def run_blocks(
+    spec: ExperimentSpec, plan: CampaignPlan, directory: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every repeat block, then the gate's controls, with up to `parallel_deployments` blocks in flight at
+    once (each a thread running deployment subflows). With adaptive repeats, after each finished block the
+    rule decides whether to launch more: once it stops, the blocks not yet launched are recorded as not run
+    (blocks already in flight finish). Returns the slot outcomes in plan order and the rule's decisions."""
+    rule = spec.adaptive_repeats
+    blocks = plan.blocks()
+    queue = list(range(len(blocks)))
+    outcomes: dict[int, list[dict[str, Any]]] = {}
+    decisions: list[dict[str, Any]] = []
+    finished: list[int] = []
+    stop = threading.Event()
+    logger = get_run_logger()
+    with ThreadPoolExecutor(spec.parallel_deployments, thread_name_prefix="repeat-block") as pool:
+        running: dict[Future[list[dict[str, Any]]], int] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < spec.parallel_deployments:
+                    index = queue.pop(0)
+                    context = contextvars.copy_context()  # the subflows' parent: this flow run
+                    running[pool.submit(context.run, run_block, spec, plan, blocks[index], stop)] = index
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = running.pop(future)
+                    outcomes[index] = future.result()
+                    if blocks[index][0].role == "arm":
+                        finished.append(blocks[index][0].repeat)
+                if rule is None or not any(blocks[i][0].role == "arm" for i in queue):
+                    continue
+                decision = repeat_decision_now(directory, rule, finished)
+                decisions.append(decision_record(decision))
+                logger.info("adaptive repeats: %s", decision.reason)
+                if decision.stop:
+                    for index in [i for i in queue if blocks[i][0].role == "arm"]:
+                        queue.remove(index)
+                        outcomes[index] = [not_launched(slot, "adaptive stop") for slot in blocks[index]]
+        except BaseException:
+            # Blocks in flight launch nothing more, and their engines stop now (their threads then fail fast
+            # and end): a cancelled run's process may be killed before the threads reach their teardown.
+            stop.set()
+            if running:
+                reap_leftovers(include_own=True, id_prefix=plan.campaign_id + ".", saved=SavedBlocks())
+            raise
+    return [o for i in sorted(outcomes) for o in outcomes[i]], decisions
+
+
+def not_launched(slot: DeploymentPlan, why: str) -> dict[str, Any]:
+    outcome = SlotOutcome(slot=slot.deployment_id)
+    outcome.not_run([c.cell_id for c in slot.cells], why)
+    return outcome.as_dict()
+
+
+def decision_record(decision: RepeatDecision) -> dict[str, Any]:
+    return {
+        "repeats_done": decision.repeats_done,
+        "stop": decision.stop,
+        "confidence": decision.confidence,
+        "widest": None if decision.widest is None else asdict(decision.widest),
+        "widest_halfwidth": decision.widest_halfwidth,
+        "reason": decision.reason,
+    }
 
 
 def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan) -> dict[str, Corpus]:
@@ -445,10 +556,9 @@ def _campaign(
     reap_task()
     if experiment.validity.client_calibration:
         result["client_calibration"] = calibration_task(experiment, plan.campaign_id, directory)
-    result["deployments"] = [
-        deployment_flow(experiment, plan.campaign_id, slot, slot_corpora(experiment, plan, slot))
-        for slot in plan.deployments
-    ]
+    result["deployments"], decisions = run_blocks(experiment, plan, directory)
+    if experiment.adaptive_repeats is not None:
+        result["adaptive_repeats"] = decisions
     if experiment.profile is not None:
         result["profile"] = profile_step(experiment, plan, directory)
     if gate and plan.gate is not None:

@@ -20,6 +20,7 @@ class SlotOutcome:
     cells: dict[str, str] = field(default_factory=dict)
     captures: list[str] = field(default_factory=list)
     launches: list[str] = field(default_factory=list)
+    node: str | None = None  # where its (last) launch ran
     error: str | None = None
 
     def not_run(self, cell_ids: list[str], why: str) -> None:
@@ -33,6 +34,8 @@ class SlotOutcome:
             "captures": self.captures,
             "launches": self.launches,
         }
+        if self.node is not None:
+            out["node"] = self.node
         if self.error is not None:
             out["error"] = self.error
         return out

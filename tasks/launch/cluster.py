@@ -166,7 +166,11 @@ class ClusterJobLauncher:
         self.ssh = resolve_ssh(self.spec, self.cluster, ssh)
         self._shell: Shell | None = None
         self._live: dict[str, _Live] = {}
+        self.node: str | None = None  # where the next jobs must run (place_on); None: the scheduler's choice
         self.log = logging.getLogger(f"specgauge.{self.kind}")
+
+    def place_on(self, node: str | None) -> None:
+        self.node = node
 
     @classmethod
     def from_spec(cls, spec: ClusterLaunchSpec, config: LauncherConfig) -> Self:
@@ -238,6 +242,10 @@ class ClusterJobLauncher:
         """Where the running job's engine listens, once its logs say so (None: not yet)."""
         raise NotImplementedError
 
+    def _engine_port(self, deployment: Deployment) -> int:
+        """The port the running job's engine listens on (called once its address is known)."""
+        return self.cluster.port
+
     def _died_tail(self, deployment: Deployment) -> str:
         """The log tail an EngineDied carries when the job ends before its engine started."""
         return self._remote_tail(deployment.extra["remote_log"])
@@ -305,7 +313,8 @@ class ClusterJobLauncher:
                     transient=True,
                 )
             time.sleep(self.cluster.poll_s if state.state == "PENDING" else 0.5)
-        endpoint = shell.forward(address, self.cluster.port)
+        port = self._engine_port(deployment)
+        endpoint = shell.forward(address, port)
         self._live[deployment.id].endpoint = endpoint
         deployment.base_url = endpoint.url
         deployment.metrics_url = f"{endpoint.url}/metrics"
@@ -313,7 +322,7 @@ class ClusterJobLauncher:
             {
                 "node": state.node,
                 self.address_key: address,
-                "port": self.cluster.port,
+                "port": port,
                 "tunnel": self.ssh is not None,
             }
         )

@@ -22,7 +22,7 @@ def vllm_args(
     *,
     served_model_name: str,
     host: str,
-    port: int,
+    port: int | str,
     resolve: Callable[[str], str] = str,
 ) -> list[str]:
     """Arguments after `python -m vllm.entrypoints.openai.api_server`.

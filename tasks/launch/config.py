@@ -76,7 +76,13 @@ class ClusterConfig(BaseModel):
     arch: str = Field(default="arm64", description="Replaces {arch} in the environment TOML (GH200: arm64).")
     setup: tuple[str, ...] = Field(default=(), description="Shell lines run in the job before the engine.")
     env: dict[str, str] = Field(default_factory=dict)
-    port: int = Field(default=8080, gt=0, lt=65536)
+    port: int = Field(
+        default=8080,
+        ge=0,
+        lt=65536,
+        description="The engine's port on its node; 0: the job takes a free one (SLURM; needed when several "
+        "slots of a campaign may share a node).",
+    )
     ssh_block: str | None = Field(
         default=None, description="ClusterSSHBlock name; none: run on the login node."
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -70,11 +71,18 @@ class EndpointLauncher:
             metrics_url=config.metrics_url or f"{config.base_url}/metrics",
             directory=directory,
             started_at=utc_now(),
-            extra={"block": self.spec.block, "authenticated": config.api_key is not None},
+            extra={
+                "block": self.spec.block,
+                "authenticated": config.api_key is not None,
+                "node": urlsplit(config.base_url).hostname,
+            },
             api_key=config.api_key,
         )
         deployment.save()
         return deployment
+
+    def place_on(self, node: str | None) -> None:
+        """Nothing to choose: the server is where it is."""
 
     def alive(self, deployment: Deployment) -> bool | None:
         return None  # not ours: the gate's HTTP checks are all there is

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from specgauge.provenance import utc_now
 from specgauge.settings import get_settings
@@ -62,4 +65,8 @@ def owner_alive(entry: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed process its parent has not waited for yet still answers signal 0: a Prefect runner kills a
+    # cancelled flow run's process, then runs its cancellation hook before reaping it.
+    with suppress(psutil.Error):
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    return False

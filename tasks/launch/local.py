@@ -213,6 +213,7 @@ class LocalLauncher:
             started_at=utc_now(),
             pid=proc.pid,
             extra={
+                "node": socket.gethostname(),
                 "port": port,
                 "kv_cache_gib": self.spec.kv_cache_gib,
                 "compilation": compilation,
@@ -231,6 +232,9 @@ class LocalLauncher:
         deployment.save()
         _LIVE[deployment_id] = (self, deployment)
         return deployment
+
+    def place_on(self, node: str | None) -> None:
+        """Nothing to choose: every deployment runs on this machine."""
 
     def alive(self, deployment: Deployment) -> bool | None:
         proc = self._procs.get(deployment.id)

@@ -27,7 +27,12 @@ class Launcher(Protocol):
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
     ) -> Deployment:
-        """Start the engine and return at once (the readiness check waits). Records itself in the ledger."""
+        """Start the engine and return at once (the readiness check waits). Records itself in the ledger.
+        The node it runs on is in `deployment.extra["node"]` once it is known (at the latest when ready)."""
+
+    def place_on(self, node: str | None) -> None:
+        """Launch the next deployments on this node (a repeat block stays on one node, so that its
+        speedups are paired within a node); None: wherever the backend puts them."""
 
     def alive(self, deployment: Deployment) -> bool | None:
         """False when the engine (or its job) has ended; None when it cannot be known."""

@@ -16,13 +16,14 @@ from typing import Any
 
 from experiments.spec import SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError
+from tasks.drafters.engine_side import EXTENSION_FILE
 from tasks.launch.base import Deployment, tail
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
-from tasks.launch.command import served_name, vllm_args
+from tasks.launch.command import hot_swap_env, served_name, vllm_args
 from tasks.launch.config import SAFE_NAME
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, submit
-from tasks.launch.slurm_script import render_prefix, render_script, with_layout_gpus
+from tasks.launch.slurm_script import JOB_PORT, render_prefix, render_script, with_layout_gpus
 from tasks.launch.ssh import Shell, quote
 
 # What the batch script prints on the node before it starts the engine (templates/vllm.sbatch).
@@ -58,7 +59,7 @@ class SlurmLauncher(ClusterJobLauncher):
             variant,
             served_model_name=served_name(target, variant),
             host="0.0.0.0",
-            port=self.cluster.port,
+            port=self.cluster.port or JOB_PORT,
         )
         return [*shlex.split(self.cluster.engine_command), *args]
 
@@ -92,6 +93,14 @@ class SlurmLauncher(ClusterJobLauncher):
             )
         prefix = render_prefix(self.cluster.container_prefix, mounts=mounts, environment=environment)
         command = self.engine_command(target, variant)
+        swap_env: dict[str, str] = {}
+        if variant.hot_swap:  # the worker extension beside the job, on the engine's path (docs/cluster.md)
+            shell.put(EXTENSION_FILE, f"{run_dir}/{EXTENSION_FILE.name}")
+            pythonpath = {**self.cluster.env, **target.env}.get("PYTHONPATH")
+            swap_env = {
+                **hot_swap_env(variant),
+                "PYTHONPATH": ":".join(p for p in (run_dir, pythonpath) if p),
+            }
         job_name = f"specgauge-{deployment_id}"
         script = render_script(
             deployment_id=deployment_id,
@@ -99,8 +108,9 @@ class SlurmLauncher(ClusterJobLauncher):
             run_dir=run_dir,
             cluster=with_layout_gpus(self.cluster, target),
             engine_command=command,
-            env={"PYTHONUNBUFFERED": "1", **self.cluster.env, **target.env},
+            env={"PYTHONUNBUFFERED": "1", **self.cluster.env, **target.env, **swap_env},
             launch_prefix=prefix,
+            node=self.node,
         )
         script_path = f"{run_dir}/job.sbatch"
         shell.write_text(script_path, script, mode=0o755)
@@ -124,6 +134,16 @@ class SlurmLauncher(ClusterJobLauncher):
         return (
             node_address(self.shell, text, deployment.job_id, state.node) if _NODE_LINE.search(text) else None
         )
+
+    def _engine_port(self, deployment: Deployment) -> int:
+        """The port the job printed: the cluster's, or the free one it took when the cluster's is 0."""
+        assert deployment.job_id is not None
+        found = [
+            m
+            for m in _NODE_LINE.finditer(self._read(deployment.extra["remote_log"]))
+            if m.group(1) == deployment.job_id
+        ]
+        return int(found[-1].group(4)) if found else self.cluster.port
 
     def log_tail(self, deployment: Deployment, lines: int = 60) -> str:
         if deployment.log_path is not None and deployment.log_path.exists():

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from experiments.spec import TargetSpec
 from specgauge.errors import InputError
-from tasks.launch.config import ENV_NAME, SAFE_PATH, ClusterConfig
+from tasks.launch.config import ENV_NAME, SAFE_NAME, SAFE_PATH, ClusterConfig
 from tasks.launch.ssh import quote
 
 TEMPLATE = Path(__file__).parent / "templates" / "vllm.sbatch"
+# The engine command's port when the cluster's port is 0: the job picks a free port on its node (several
+# slots of a campaign may share a node) and the script puts it here.
+JOB_PORT = "SPECGAUGE_JOB_PORT"
 
 
 def render_prefix(template: str, *, mounts: list[str], environment: str | None) -> str:
@@ -47,6 +50,7 @@ def render_script(
     engine_command: list[str],
     env: dict[str, str],
     launch_prefix: str = "",
+    node: str | None = None,
 ) -> str:
     """The batch script from the template; every value that reaches the shell is validated or quoted."""
     if not SAFE_PATH.fullmatch(run_dir):
@@ -63,6 +67,10 @@ def render_script(
         options.append(f"--cpus-per-task={cluster.cpus_per_task}")
     if cluster.memory:
         options.append(f"--mem={cluster.memory}")
+    if node:
+        if not SAFE_NAME.fullmatch(node):
+            raise InputError(f"node {node!r}: node names may hold letters, digits and ._- only")
+        options.append(f"--nodelist={node}")
     options.extend(cluster.extra_sbatch)
     for name in env:
         if not ENV_NAME.fullmatch(name):
@@ -77,7 +85,7 @@ def render_script(
         "setup": "\n".join(cluster.setup),
         "exports": "\n".join(f"export {k}={quote(v)}" for k, v in sorted(env.items())),
         "launch_prefix": f"{launch_prefix} " if launch_prefix else "",
-        "engine_command": " ".join(quote(w) for w in engine_command),
+        "engine_command": " ".join('"$port"' if w == JOB_PORT else quote(w) for w in engine_command),
     }
     return string.Template(TEMPLATE.read_text()).substitute(values)
 

@@ -218,6 +218,10 @@ class SmlLauncher(ClusterJobLauncher):
     ) -> Deployment:
         if not self.cluster.environment_toml:
             raise InputError("the sml launcher needs environment_toml (in the cluster block or the spec)")
+        if variant.hot_swap:  # sml takes vLLM's arguments only: no worker extension file, no dev mode
+            raise InputError(
+                f"variant {variant.name!r}: hot_swap needs the slurm or local launcher (docs/cluster.md)"
+            )
         root, run_dir = self._new_run_dir(deployment_id, directory)
         shell = self.shell
 
@@ -306,6 +310,13 @@ class SmlLauncher(ClusterJobLauncher):
                 if body:
                     parts.append(f"--- {posixpath.basename(path)} ---\n{body}")
         return "\n".join(parts)
+
+    def place_on(self, node: str | None) -> None:
+        """sml has no flag that pins a node: the job goes where sml puts it. The node each deployment ran on
+        is still recorded, and the analysis flags a repeat block that spans nodes."""
+        if node is not None and node != self.node:
+            self.log.warning("sml cannot pin a node: the next deployment may not run on %s", node)
+        self.node = node
 
     def teardown(self, deployment: Deployment) -> None:
         """scancel (as the SLURM launcher), keeping copies of sml's log.out and the engine's replica_0.out."""

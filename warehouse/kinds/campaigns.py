@@ -82,7 +82,7 @@ def campaign_frames(source_path: str, campaign_id: str, files: Files, sha256: st
         "runs": len(runs),
         "last_run_utc": utc_datetime(last.ended_utc) if last else None,
         "failed_cells": failed_cells,
-        "repeats": record.spec.repeats,
+        "repeats": record.spec.max_repeats,
         "variant_order": record.variant_order,
         "slo_ttft_p99_s": slo.ttft_p99_s if slo else None,
         "slo_tpot_p99_s": slo.tpot_p99_s if slo else None,
