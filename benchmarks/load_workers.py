@@ -26,6 +26,8 @@ import asyncio
 import json
 import os
 import resource
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,6 +80,7 @@ def one_run(w: int, args: argparse.Namespace, pin: bool, max_w: int) -> dict:
         emulator_cpu = [e.cpu_seconds() for e in emulators]
         for emulator in emulators:
             emulator.trace()  # drop anything traced so far
+        records_dir = Path(tempfile.mkdtemp(prefix="load-workers-bench-"))
         cpu_before = children_cpu_s()
         wall = time.perf_counter()
         result = asyncio.run(
@@ -90,10 +93,14 @@ def one_run(w: int, args: argparse.Namespace, pin: bool, max_w: int) -> dict:
                 w,
                 timeout_s=120.0,
                 cpus=[[i] for i in range(w)] if pin else None,
+                records_dir=records_dir,
             )
         )
         wall = time.perf_counter() - wall
         workers_cpu = children_cpu_s() - cpu_before
+        results = [json.loads(f.read_text()) for f in sorted(records_dir.glob("worker-*.result.json"))]
+        load_cpu = [r["cpu_s"] for r in results]
+        shutil.rmtree(records_dir, ignore_errors=True)
         emulator_cpu = [e.cpu_seconds() - c for e, c in zip(emulators, emulator_cpu, strict=True)]
         traces = [e.trace() for e in emulators]
     finally:
@@ -129,6 +136,9 @@ def one_run(w: int, args: argparse.Namespace, pin: bool, max_w: int) -> dict:
         "chunks_per_s": chunks / window if window > 0 else float("nan"),
         "wall_s": wall,
         "workers_cpu_per_s": workers_cpu / window if window > 0 else float("nan"),
+        "load_cpu_s": load_cpu,  # each worker's CPU-seconds from its start barrier on (its own process time)
+        "all_chunks": sum(r.chunks for r in result.records),
+        "chunks_per_worker_cpu_s": sum(r.chunks for r in result.records) / sum(load_cpu),
         "emulator_cpu_per_s_max": max(emulator_cpu) / window if window > 0 else float("nan"),
         "ttft_err_p50_ms": pct(ttft_err, 50) * 1e3,
         "ttft_err_p99_ms": pct(ttft_err, 99) * 1e3,
@@ -171,15 +181,16 @@ def main() -> None:
     print()
     print(
         "| W | streams | ok | chunks/s | x one process | x / W | workers CPU-s/s (incl. start) | max emulator CPU-s/s "
-        "| TTFT err p50 / p99 (ms) | emulator late p99 | client part p50 / p99 |"
+        "| chunks / worker CPU-s | TTFT err p50 / p99 (ms) | emulator late p99 | client part p50 / p99 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = r["chunks_per_s"] / base
         print(
             f"| {r['workers']} | {r['streams']} | {r['requests_ok']}/{r['requests']} | {r['chunks_per_s']:,.0f} "
             f"| {ratio:.2f} | {ratio / r['workers']:.2f} | {r['workers_cpu_per_s']:.2f} "
-            f"| {r['emulator_cpu_per_s_max']:.2f} | {r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} "
+            f"| {r['emulator_cpu_per_s_max']:.2f} | {r['chunks_per_worker_cpu_s']:,.0f} "
+            f"| {r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} "
             f"| {r['emulator_late_p99_ms']:.2f} | {r['client_part_p50_ms']:.2f} / {r['client_part_p99_ms']:.2f} |"
         )
     if args.json:

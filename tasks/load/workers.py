@@ -151,6 +151,7 @@ class WorkerOutcome:
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # None: it finished
     consequence: bool = False  # it failed because another worker had (a broken barrier)
+    cpu_s: float | None = None  # the worker's CPU-seconds from the start barrier to its end
 
 
 def merge_records(
@@ -194,7 +195,8 @@ def _wait(barrier: multiprocessing.synchronize.Barrier, timeout_s: float) -> Non
     barrier.wait(timeout=timeout_s)
 
 
-async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> LoadResult:
+async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> tuple[LoadResult, float]:
+    """The worker's share through its own client; also the CPU-seconds it spent from the start barrier on."""
     start_barrier, window_barrier = barriers
     plan = job.share.plan
 
@@ -221,9 +223,11 @@ async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> L
         if job.fail == "start":
             raise RuntimeError("injected failure before the start barrier (tests)")
         await asyncio.to_thread(_wait, start_barrier, START_TIMEOUT_S)
-        return await run_load(
+        cpu = time.process_time()
+        result = await run_load(
             client, job.share.prompts, plan, job.sampling, before_measured=warmed_up, on_record=keep
         )
+        return result, time.process_time() - cpu
 
 
 def _worker_main(job: WorkerJob, start_barrier: Any, window_barrier: Any) -> None:
@@ -239,15 +243,16 @@ def _worker_main(job: WorkerJob, start_barrier: Any, window_barrier: Any) -> Non
             try:
                 import uvloop
 
-                loaded = uvloop.run(_worker_load(job, (start_barrier, window_barrier), out))
+                loaded, cpu_s = uvloop.run(_worker_load(job, (start_barrier, window_barrier), out))
             except ImportError:  # pragma: no cover - uvloop is a dependency
-                loaded = asyncio.run(_worker_load(job, (start_barrier, window_barrier), out))
+                loaded, cpu_s = asyncio.run(_worker_load(job, (start_barrier, window_barrier), out))
             result.update(
                 t0_perf=loaded.t0_perf,
                 measured_start_s=loaded.measured_start_s,
                 measured_end_s=loaded.measured_end_s,
                 capped=loaded.capped,
                 notes=loaded.notes,
+                cpu_s=cpu_s,
             )
         except BaseException as exc:  # every failure is reported to the parent, then the worker exits 1
             if isinstance(exc, threading.BrokenBarrierError):
@@ -281,6 +286,7 @@ def read_outcome(worker: int, records_path: Path, result_path: Path, exitcode: i
         outcome.notes = list(result.get("notes") or [])
         outcome.error = result.get("error")
         outcome.consequence = bool(result.get("consequence"))
+        outcome.cpu_s = result.get("cpu_s")
     elif exitcode is None:
         outcome.error = "did not end"
     elif exitcode < 0:
