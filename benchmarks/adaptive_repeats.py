@@ -28,6 +28,7 @@ the target in fewer than half its campaigns: then the target lies beyond max and
 costs one launch per variant (4 in a demo-shaped campaign with plain).
 
     .venv/bin/python benchmarks/adaptive_repeats.py [--trials 4000] [--seed 21]
+    .venv/bin/python benchmarks/adaptive_repeats.py --noise-df 3     # heavier-tailed run-to-run noise
     .venv/bin/python benchmarks/adaptive_repeats.py --measure var/raw/depth-load-e42f0a70
 """
 
@@ -65,6 +66,7 @@ class Scenario:
     target: float
     max: int
     planted: float  # the one comparison's planted speedup (shape one)
+    noise_df: float | None = None  # None: normal noise; else Student t with these df, scaled to sigma
 
     @property
     def sigma(self) -> float:
@@ -93,15 +95,25 @@ def planted_logs(scenario: Scenario) -> np.ndarray:
     return np.repeat(np.log(DEMO_SPEEDUPS), DEMO_STRATA)
 
 
+def noise(scenario: Scenario, sd: float, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Run-to-run noise of standard deviation `sd`: normal, or heavier-tailed (Student t) when asked."""
+    df = scenario.noise_df
+    if df is None:
+        return rng.normal(0.0, sd, shape)
+    return rng.standard_t(df, shape) * sd / math.sqrt(df / (df - 2))
+
+
 def simulate(scenario: Scenario, trials: int, repeats: int, rng: np.random.Generator) -> np.ndarray:
     """log-ratios[campaign, comparison, repeat] of `trials` campaigns of `repeats` repeat blocks."""
     truth = planted_logs(scenario)[None, :, None]
     if scenario.shape == "one":
-        return truth + rng.normal(0.0, scenario.sigma, (trials, 1, repeats))
+        return truth + noise(scenario, scenario.sigma, (trials, 1, repeats), rng)
     cell = scenario.sigma / math.sqrt(2)  # the difference of two cells' log throughputs has sd sigma
     variants = len(DEMO_SPEEDUPS)
-    speculative = rng.normal(0.0, cell, (trials, variants, DEMO_STRATA, repeats))
-    plain = rng.normal(0.0, cell, (trials, 1, DEMO_STRATA, repeats))  # shared by the variants of a stratum
+    speculative = noise(scenario, cell, (trials, variants, DEMO_STRATA, repeats), rng)
+    plain = noise(
+        scenario, cell, (trials, 1, DEMO_STRATA, repeats), rng
+    )  # shared by the variants of a stratum
     return truth + (speculative - plain).reshape(trials, variants * DEMO_STRATA, repeats)
 
 
@@ -135,14 +147,14 @@ def run(scenario: Scenario, trials: int, rng: np.random.Generator, min_repeats: 
     )
 
 
-def scenarios() -> list[Scenario]:
+def scenarios(noise_df: float | None = None) -> list[Scenario]:
     out = []
     for shape in ("one", "demo"):
         for spread, targets in TARGETS.items():
             for i, target in enumerate(targets):
                 for maximum in (6, 10):
                     planted = DEMO_SPEEDUPS[i % len(DEMO_SPEEDUPS)]
-                    out.append(Scenario(shape, spread, target, maximum, planted))
+                    out.append(Scenario(shape, spread, target, maximum, planted, noise_df))
     return out
 
 
@@ -160,11 +172,11 @@ def measure(directories: list[Path]) -> None:
         print(f"{directory}: sigma {sigma} ({len(observations.ratios)} comparisons, {dof} df)")
 
 
-def search(trials: int, rng: np.random.Generator) -> None:
+def search(trials: int, rng: np.random.Generator, noise_df: float | None) -> None:
     """Why 97.5% and min 3: the worst coverage over the one-comparison scenarios per correction and min."""
     print("| min | intervals | worst coverage | mean repeats (max 10) |")
     print("|---|---|---|---|")
-    cases = [s for s in scenarios() if s.shape == "one"]
+    cases = [s for s in scenarios(noise_df) if s.shape == "one"]
     for min_repeats in (2, 3):
         for share in (1.0, 0.75, 0.5, 0.25):
             level = 1 - (1 - CONFIDENCE) * share
@@ -188,6 +200,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=4000, help="simulated campaigns per scenario")
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--measure", type=Path, nargs="+", help="print the spread of these raw campaign dirs")
+    parser.add_argument(
+        "--noise-df", type=float, help="heavier tails: Student t noise with these degrees of freedom (> 2)"
+    )
     parser.add_argument("--no-search", action="store_true", help="skip the table of corrections")
     args = parser.parse_args()
     if args.measure:
@@ -196,7 +211,8 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     print(
         f"{args.trials} campaigns per scenario, min 3, nominal {CONFIDENCE:.0%}; the rule's intervals at "
-        f"{1 - (1 - CONFIDENCE) * ALPHA_SHARE:.1%} (binomial se of a coverage near 95%: "
+        f"{1 - (1 - CONFIDENCE) * ALPHA_SHARE:.1%}; noise "
+        f"{'normal' if args.noise_df is None else f'Student t, {args.noise_df:g} df'} (binomial se of a coverage near 95%: "
         f"{math.sqrt(0.95 * 0.05 / args.trials):.2%})"
     )
     print(
@@ -204,7 +220,7 @@ def main() -> None:
         "naive repeats | rule repeats | reached | fixed n | saved | vs max |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for scenario in scenarios():
+    for scenario in scenarios(args.noise_df):
         o = run(scenario, args.trials, rng)
         planted = f"{scenario.planted:g}" if scenario.shape == "one" else "0.8/1.0/1.3"
         fixed = "-" if o.fixed_n is None else str(o.fixed_n)
@@ -217,7 +233,7 @@ def main() -> None:
         )
     if not args.no_search:
         print()
-        search(args.trials, rng)
+        search(args.trials, rng, args.noise_df)
 
 
 if __name__ == "__main__":
