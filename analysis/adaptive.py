@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -51,6 +51,13 @@ round correction whose coverage stays >= 93% in every scenario there, with min >
 def interval_confidence(confidence: float = 0.95) -> float:
     """The level of the rule's intervals: the campaign's confidence with ALPHA_SHARE of its alpha."""
     return 1.0 - (1.0 - confidence) * ALPHA_SHARE
+
+
+def report_confidence(spec: Mapping[str, Any], confidence: float = 0.95) -> float:
+    """The level a campaign's intervals should be reported at, from its recorded spec (CampaignData.spec):
+    interval_confidence for an adaptive campaign (`repeats` a mapping of min, max, target_halfwidth), so the
+    report's intervals are the ones the rule stopped on and keep their coverage; `confidence` otherwise."""
+    return interval_confidence(confidence) if isinstance(spec.get("repeats"), Mapping) else confidence
 
 
 class RepeatRule(Protocol):

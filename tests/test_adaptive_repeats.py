@@ -22,6 +22,7 @@ from analysis.adaptive import (
     Observations,
     campaign_observations,
     repeat_decision,
+    report_confidence,
     stopping_repeats,
 )
 from analysis.stats import ratio_interval
@@ -245,3 +246,11 @@ def test_any_settings_with_min_max_and_target_serve_as_the_rule() -> None:
         ours = repeat_decision(observations, AdaptiveRepeats(min=3, max=6, target_halfwidth=target))
         theirs = repeat_decision(observations, SpecRule(3, 6, target))
         assert ours == theirs and ours.stop is stop
+
+
+def test_an_adaptive_campaign_is_reported_at_the_rule_s_confidence() -> None:
+    adaptive = {"name": "x", "repeats": {"min": 3, "max": 6, "target_halfwidth": 0.1}}
+    assert report_confidence(adaptive) == pytest.approx(0.975)
+    assert report_confidence(adaptive, 0.9) == pytest.approx(0.95)
+    assert report_confidence({"name": "x", "repeats": 4}) == 0.95
+    assert report_confidence({}) == 0.95
