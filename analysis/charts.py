@@ -567,36 +567,15 @@ def adaptation_chart(
             "adopt",
         ],
     )
-    rules = (
-        alt.Chart(
-            pl.DataFrame(
-                {
-                    "x": [1.0, 1.0 + min_effect, 1.0 - max_harm],
-                    "what": ["no change", "minimum effect", "harm limit"],
-                }
-            )
-        )
-        .mark_rule(strokeDash=[4, 3])
-        .encode(
-            x="x:Q",
-            color=alt.Color(
-                "what:N",
-                scale=alt.Scale(
-                    domain=["no change", "minimum effect", "harm limit"], range=["#666", "#2a9d4b", "#c0392b"]
-                ),
-                legend=None,
-            ),
-        )
-    )
-    return (
-        alt.layer(rules, bars, points)
-        .resolve_scale(color="independent")
-        .properties(
-            width=WIDTH + 100,
-            height=alt.Step(14),
-            title={
-                "text": "Adapted head against the old one, per stratum",
-                "subtitle": "ratio with its 95% t interval over repeats; green dashes: 1 + minimum effect, red: 1 - harm limit",
-            },
-        )
+    rules = [
+        alt.Chart(pl.DataFrame({"x": [x]})).mark_rule(strokeDash=[4, 3], color=colour).encode(x="x:Q")
+        for x, colour in ((1.0, "#666"), (1.0 + min_effect, "#2a9d4b"), (1.0 - max_harm, "#c0392b"))
+    ]
+    return alt.layer(*rules, bars, points).properties(
+        width=WIDTH + 100,
+        height=alt.Step(14),
+        title={
+            "text": "Adapted head against the old one, per stratum",
+            "subtitle": "ratio with its 95% t interval over repeats; green dashes: 1 + minimum effect, red: 1 - harm limit",
+        },
     )
