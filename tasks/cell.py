@@ -24,6 +24,7 @@ from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling
 from specgauge.errors import CounterReset, MetricsError
 from specgauge.provenance import host_facts, tool_facts, utc_now
+from tasks.drafters.swap import current_drafter
 from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
 from tasks.load.records import RequestRecord, records_frame
@@ -237,6 +238,7 @@ def run_cell(
     interrupted: BaseException | None = None
     result = None
     window = _Window(deployment)
+    drafter = current_drafter(deployment)  # the head serving as the cell starts (a hot swap changes it)
     gauges = pl.DataFrame(schema=GAUGE_SCHEMA)
     gauge_failures = 0
     misfits, skipped = prompt_fit_problems(deployment, prompts, sampling)
@@ -308,6 +310,13 @@ def run_cell(
             error = "the server restarted during the cell (a counter went down): " + restarted[0]
         elif error is None:
             error = "the server's /metrics could not be used: " + "; ".join(server_problems)
+    drafter_after = current_drafter(deployment)
+    swapped = (drafter or {}).get("sha256") != (drafter_after or {}).get("sha256")
+    if error is None and swapped:  # the window measured two heads: neither's figures
+        error = (
+            f"the drafter was swapped during the cell ({(drafter or {}).get('sha256')} -> "
+            f"{(drafter_after or {}).get('sha256')})"
+        )
     summary.status = "failed" if error else "ok"
     summary.error = error
 
@@ -340,7 +349,7 @@ def run_cell(
             },
             "sampling": sampling.model_dump(mode="json"),
             "endpoint": "chat",
-            "deployment": deployment.to_json(),
+            "deployment": {**deployment.to_json(), "drafter": drafter_after},  # the head it measured
             "tool": tool_facts(),
             "host": host_facts(),
             "t0_utc": result.t0_utc if result is not None else started,

@@ -173,15 +173,27 @@ def check_swap(deployment: Deployment, head_dir: Path | str) -> None:
         )
 
 
+def _as_dict(drafter: Any) -> dict[str, Any] | None:
+    """A deployment's drafter as JSON (a loaded Deployment holds DrafterFacts, a launched one a dict)."""
+    if not drafter:
+        return None
+    if hasattr(drafter, "model_dump"):
+        return drafter.model_dump(mode="json", exclude_none=True)
+    return json.loads(json.dumps(drafter))
+
+
 def current_drafter(deployment: Deployment) -> dict[str, Any] | None:
-    """The drafter the deployment serves now, from its deployment.json where that exists (a swap made
-    through another Deployment object is seen), else from the object."""
+    """The drafter the deployment serves now: the object's, unless its deployment.json records more swaps
+    (a swap made through another Deployment object of the same deployment)."""
+    memory = _as_dict(deployment.drafter)
     path = deployment.directory / layout.DEPLOYMENT_FILE
-    if path.is_file():
-        facts = read_document(path, DeploymentFacts)
-        if facts.id == deployment.id:
-            return facts.drafter.model_dump(mode="json", exclude_none=True) if facts.drafter else None
-    return dict(deployment.drafter) if deployment.drafter else None
+    if not path.is_file():
+        return memory
+    facts = read_document(path, DeploymentFacts)
+    disk = facts.drafter.model_dump(mode="json", exclude_none=True) if facts.drafter else None
+    if facts.id != deployment.id or disk is None:
+        return memory
+    return disk if len(disk.get("swaps") or []) > len((memory or {}).get("swaps") or []) else memory
 
 
 def _rpc(deployment: Deployment, method: str, args: list[str], timeout_s: float) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import hashlib
 import json
 import struct
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +262,11 @@ class SpecgaugeSwapExtension:
                 else:
                     loader(holder, tensor, shard)
             except (AssertionError, RuntimeError, ValueError) as exc:
-                raise ValueError(f"{name}: does not fit {pname} {list(item.data.shape)} ({exc})") from None
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                raise ValueError(
+                    f"{name}: does not fit {pname} {list(item.data.shape)} ({type(exc).__name__} {exc} at "
+                    f"{Path(where.filename).name}:{where.lineno} `{where.line}`)"
+                ) from None
             item.shards.add(shard)
         for pname, item in staged.items():
             expected = self._expected_shards(item.module, item.shards)
