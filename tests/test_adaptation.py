@@ -366,6 +366,27 @@ def test_plain_captures_of_an_earlier_campaign(tmp_path: Path) -> None:
         adapt.plain_captures_of(lone, target_model="/m/tiny-target", max_tokens=None)
 
 
+def test_cli_refuses_bad_input_before_launching(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    spec = tmp_path / "adapt.yaml"
+    spec.write_text(E2E_SPEC)
+    runner = CliRunner()
+    base = ["drafters", "confirm", "--spec", str(spec)]
+    cases = [
+        (["--new", str(tmp_path / "nothing"), "--target", "code"], "neither a head directory"),
+        (["--new", "models/tiny-eagle3", "--target", "code"], "is the old head"),
+        (["--new", "models/tiny-draft", "--target", "code"], "new head"),  # not an EAGLE-3 head: the contract
+        (["--new", "models/tiny-eagle3", "--old", "models/tiny-draft", "--target", "chat"], "old head"),
+    ]
+    for args, words in cases:
+        result = runner.invoke(app, [*base, *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert words in result.output, (args, result.output)
+
+
 # --- into the warehouse and the report ------------------------------------------------------------------------
 
 
