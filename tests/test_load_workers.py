@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -113,6 +114,17 @@ def test_workers_auto_follows_the_expected_chunk_rate_and_the_cores() -> None:
     assert expected_chunk_rate(opened, prompts(tokens=64), sampling) == pytest.approx(6_400)
     assert resolve_workers(3, small, prompts(), sampling) == 3
     assert resolve_workers(8, small, prompts(), sampling) == 4  # never more than C
+
+
+def test_workers_auto_measures_the_clients_capacity_on_this_machine_once() -> None:
+    from tasks.load.workers import measure_chunk_capacity
+
+    capacity = measure_chunk_capacity()  # the client against an emulator process: chunks per CPU-second
+    assert 1_000 < capacity < 10_000_000
+    assert measure_chunk_capacity() == capacity  # once per process
+    plan = LoadPlan("closed", concurrency=2048, requests=4096)
+    expected = min(3, math.ceil(204_800 / (capacity * 0.5)))  # C / 10 ms over half the capacity, <= cores
+    assert resolve_workers("auto", plan, prompts(), Sampling(), cores=3) == expected
 
 
 def test_merge_moves_times_onto_the_parents_clock_and_refuses_a_repeated_index() -> None:
