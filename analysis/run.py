@@ -24,6 +24,7 @@ import polars as pl
 
 from analysis import charts as ch
 from analysis.acceptance import acceptance_fits, per_position
+from analysis.adaptive import report_confidence
 from analysis.breakeven import break_even_table
 from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table
@@ -211,12 +212,13 @@ def analyze_campaign(
 
     `write_guard` wraps the warehouse write (the Prefect flow passes its global concurrency limit)."""
     started = time.monotonic()
-    settings = settings or AnalysisSettings()
     db = Path(db_path) if db_path is not None else default_path()
     with reader(db, on_wait=on_wait) as con:
         data = load_campaign(con, campaign_id)
         latencies = latency_quantiles(con, data.campaign_id)
         tree_sim = load_tree_sim(con, data.campaign_id)
+    # An adaptive campaign stopped on intervals at a corrected level: report those, so they keep coverage.
+    settings = settings or AnalysisSettings(confidence=report_confidence(data.spec))
     results = compute(data, settings)
     results.tree_sim = tree_sim
     rule = decision_rule(data)

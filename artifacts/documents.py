@@ -244,7 +244,7 @@ class DrafterSwap(Document):
 
 
 class DrafterFacts(Document):
-    """The drafter a deployment served (tasks.drafters.provenance.drafter_record): the method, the path as
+    """The drafter a deployment serves (tasks.drafters.provenance.drafter_record): the method, the path as
     the spec gave it, the sha256 over its weights and config.json (`drafter_digest`), and its training card's
     facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled. After a hot
     swap `path`, `sha256` and `card` are the head now serving and `swaps` lists every swap in order (the
@@ -323,6 +323,9 @@ class LoadFacts(Document):
     time_cap_s: Number | None = None
     request_timeout_s: Number | None = None
     seed: Whole | None = None
+    # client processes that generated the load (tasks/load/workers.py); None: written before it was recorded,
+    # when every cell's load came from one process
+    workers: Whole | None = None
 
 
 class CellMeta(Document):
@@ -338,9 +341,6 @@ class CellMeta(Document):
     repeat: Whole
     workload: WorkloadFacts
     load: LoadFacts
-    # client processes that generated the load (tasks/load/workers.py); None: written before it was recorded,
-    # when every cell's load came from one process
-    workers: Whole | None = None
     sampling: SamplingFacts | None = None
     endpoint: Text | None = None  # chat | completions
     deployment: EngineFacts | None = None
@@ -600,8 +600,13 @@ class SpecFacts(Document):
     """experiments.spec.ExperimentSpec as JSON: every field kept; these few are read by the warehouse."""
 
     name: Text | None = None
-    repeats: Whole | None = None
+    repeats: Whole | dict[str, Any] | None = None  # a count, or adaptive {min, max, target_halfwidth}
     slo: SloFacts | None = None
+
+    @property
+    def max_repeats(self) -> int | None:
+        """Repeat blocks planned: the count, or the adaptive rule's maximum."""
+        return self.repeats.get("max") if isinstance(self.repeats, dict) else self.repeats
 
 
 class PlannedSlot(Document):

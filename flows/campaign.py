@@ -21,8 +21,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from analysis.adaptive import AdaptiveRepeats as AdaptiveRule
-from analysis.adaptive import Observations, RepeatDecision, campaign_observations, repeat_decision
+from analysis.adaptive import RepeatDecision, campaign_observations, repeat_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -56,7 +55,7 @@ from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftover
 from tasks.launch.base import Deployment
 from tasks.load.calibration import calibrate_client, calibrated, fmt_ms, fmt_pair, write_calibration
 from tasks.metrics.engine_config import observe_engine_config
-from tasks.outcome import SlotOutcome, artifact_key, cell_log_line, failed_cells, report_markdown
+from tasks.outcome import SKIPPED, SlotOutcome, artifact_key, cell_log_line, failed_cells, report_markdown
 from workloads.schema import Corpus
 
 MAX_LAUNCHES_PER_SLOT = 3  # a deployment that keeps dying is recorded as failed, the campaign goes on
@@ -290,14 +289,7 @@ def run_block(
 
 def repeat_decision_now(directory: Path, rule: AdaptiveRepeats, finished: list[int]) -> RepeatDecision:
     """The adaptive rule on the repeat blocks finished so far (cells of blocks still in flight left out)."""
-    seen = campaign_observations(directory)
-    keep = set(finished)
-    observed = Observations(
-        metric=seen.metric,
-        repeats=tuple(sorted(keep)),
-        ratios={c: {r: v for r, v in by.items() if r in keep} for c, by in seen.ratios.items()},
-    )
-    return repeat_decision(observed, AdaptiveRule(**rule.model_dump()))
+    return repeat_decision(campaign_observations(directory).restricted_to(finished), rule)
 
 
 def run_blocks(
@@ -337,7 +329,9 @@ def run_blocks(
                 if decision.stop:
                     for index in [i for i in queue if blocks[i][0].role == "arm"]:
                         queue.remove(index)
-                        outcomes[index] = [not_launched(slot, "adaptive stop") for slot in blocks[index]]
+                        outcomes[index] = [
+                            skipped(slot, "adaptive repeats stopped") for slot in blocks[index]
+                        ]
         except BaseException:
             # Blocks in flight launch nothing more, and their engines stop now (their threads then fail fast
             # and end): a cancelled run's process may be killed before the threads reach their teardown.
@@ -348,9 +342,9 @@ def run_blocks(
     return [o for i in sorted(outcomes) for o in outcomes[i]], decisions
 
 
-def not_launched(slot: DeploymentPlan, why: str) -> dict[str, Any]:
+def skipped(slot: DeploymentPlan, why: str) -> dict[str, Any]:
     outcome = SlotOutcome(slot=slot.deployment_id)
-    outcome.not_run([c.cell_id for c in slot.cells], why)
+    outcome.cells.update({c.cell_id: f"{SKIPPED} ({why})" for c in slot.cells})
     return outcome.as_dict()
 
 

@@ -41,9 +41,17 @@ class SlotOutcome:
         return out
 
 
+SKIPPED = "skipped"  # a planned cell the campaign chose not to run (adaptive repeats stopped): not a failure
+
+
 def failed_cells(slots: list[dict[str, Any]]) -> dict[str, str]:
-    """Every cell whose status is not ok (`ok` or `ok (earlier run)`), with its status."""
-    return {cell: status for s in slots for cell, status in s["cells"].items() if not status.startswith("ok")}
+    """Every cell whose status is not ok (`ok` or `ok (earlier run)`) nor skipped, with its status."""
+    return {
+        cell: status
+        for s in slots
+        for cell, status in s["cells"].items()
+        if not status.startswith(("ok", SKIPPED))
+    }
 
 
 def cell_log_line(cell_id: str, status: str, summary: CellSummary) -> str:
