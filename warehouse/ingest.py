@@ -636,14 +636,11 @@ def _write(
         for table, frame in frames.items():
             if not frame.height:
                 continue
-            rows = (arrow or {}).get(table)
-            if rows is None:
-                rows = frame.to_arrow()
             if table in kind.parted:
                 assert root is not None
-                written += _write_parts(root, kind, table, items, rows, ingest_id)
+                written += _write_parts(root, kind, table, items, frame, ingest_id)
             else:
-                _insert(con, table, rows)
+                _insert(con, table, (arrow or {}).get(table, frame))
         if written:
             assert root is not None
             parts.record(con, root, written)
@@ -690,21 +687,19 @@ def _write(
 
 
 def _write_parts(
-    root: Path, kind: ArtifactKind, table: str, items: list[_Item], rows: pa.Table, ingest_id: str
+    root: Path, kind: ArtifactKind, table: str, items: list[_Item], frame: pl.DataFrame, ingest_id: str
 ) -> list[parts.PartFile]:
     """A batch's rows of a parted table as one Parquet file per campaign (a batch is one campaign's when
     ingest_tree walks the tree; ingest_artifacts may be handed several)."""
     campaigns = sorted({i.ref.campaign_id for i in items})
     if len(campaigns) == 1:
-        return [parts.write_part(root, table, campaigns[0], rows, ingest_id)]
-    frame = pl.from_arrow(rows)
-    assert isinstance(frame, pl.DataFrame)
+        return [parts.write_part(root, table, campaigns[0], frame, ingest_id)]
     out = []
     for campaign in campaigns:
         keys = [i.ref.key for i in items if i.ref.campaign_id == campaign]
         own = frame.filter(pl.col(kind.key_column).is_in(keys))
         if own.height:
-            out.append(parts.write_part(root, table, campaign, own.to_arrow(), ingest_id))
+            out.append(parts.write_part(root, table, campaign, own, ingest_id))
     return out
 
 
