@@ -69,6 +69,7 @@ class CellFacts(pa.DataFrameModel):
     warmup: pl.Int32 = pa.Field(nullable=True, ge=0)
     time_cap_s: pl.Float64 = pa.Field(nullable=True, gt=0)
     request_timeout_s: pl.Float64 = pa.Field(nullable=True, gt=0)
+    load_workers: pl.Int32 = pa.Field(nullable=True, gt=0)
     endpoint: pl.String = pa.Field(nullable=True, isin=["chat", "completions"])
     sampling: pl.String = pa.Field(nullable=True)
     sampling_key: pl.String = pa.Field()
@@ -290,6 +291,7 @@ def cell_frames(
         "warmup": load.warmup,
         "time_cap_s": load.time_cap_s,
         "request_timeout_s": load.request_timeout_s,
+        "load_workers": load.workers,
         "endpoint": meta.endpoint,
         "sampling": canonical_json(sampling_written),
         "sampling_key": short_hash(sampling_written),
