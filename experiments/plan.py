@@ -164,6 +164,8 @@ def spec_digest(spec: ExperimentSpec) -> str:
             del variant["aa_control"]
         if not variant.get("hot_swap", True):
             del variant["hot_swap"]
+    if data["load"].get("workers") == 1:  # one client process: how every spec ran before `load.workers`
+        del data["load"]["workers"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
