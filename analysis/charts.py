@@ -529,7 +529,7 @@ def adaptation_chart(
     if view.is_empty():
         return None
     rows = []
-    for r in view.iter_rows(named=True):
+    for r in view.filter(pl.col("stratum").is_not_null()).iter_rows(named=True):
         for key, label in ADAPTATION_METRICS.items():
             estimate = r.get(f"{key}_ratio")
             if estimate is None:

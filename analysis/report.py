@@ -932,7 +932,8 @@ def adaptation_section(view: pl.DataFrame, chart_html: str) -> Section:
         return Section("adaptation", "Adapted head", '<p class="empty">no adaptation confirmation</p>')
     first = view.row(0, named=True)
     adopted = sorted({r["stratum"] for r in view.iter_rows(named=True) if r["adopt"]})
-    kept = sorted({r["stratum"] for r in view.iter_rows(named=True)} - set(adopted))
+    kept = sorted({r["stratum"] for r in view.iter_rows(named=True) if r["stratum"]} - set(adopted))
+    view = view.filter(pl.col("stratum").is_not_null())
     verdict = (
         f"Strata that should get the adapted head: {', '.join(adopted)}."
         if adopted
@@ -945,6 +946,8 @@ def adaptation_section(view: pl.DataFrame, chart_html: str) -> Section:
         if first["gate_verdict_id"] is None
         else f"gate after the swap {first['gate_outcome']} ({first['gate_verdict_id']})"
     )
+    if first["status"] != "ok":
+        verdict += f" The confirmation FAILED: {first['error']}"
     facts = (
         f"<p><b>{html.escape(verdict)}</b></p>"
         f'<p class="note">Confirmation {html.escape(first["adaptation_id"])} on deployment '

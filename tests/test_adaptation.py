@@ -390,7 +390,7 @@ def test_cli_refuses_bad_input_before_launching(tmp_path: Path) -> None:
 # --- into the warehouse and the report ------------------------------------------------------------------------
 
 
-def write_planted_adaptation(raw: Path) -> tuple[str, str]:
+def write_planted_adaptation(raw: Path, *, failed: bool = False) -> tuple[str, str]:
     spec = parse_spec(
         {
             "name": "adapt-test",
@@ -421,6 +421,8 @@ def write_planted_adaptation(raw: Path) -> tuple[str, str]:
         captures=[],
     )
     cells = planted_cells({"code": [1.20, 1.25, 1.22], "chat": [0.97, 0.98, 0.99]})
+    if failed:  # the first swap failed: no cell, no verdict
+        cells = cells.clear()
     out = confirm(cells, target_stratum="code", gate_passed=True)
     adaptation_id = ids.adaptation_id("eagle3-k3", "code", "fedcba9876543210")
     adapt.write_adaptation(
@@ -462,7 +464,8 @@ def write_planted_adaptation(raw: Path) -> tuple[str, str]:
                 "claim": "ok",
             },
             **out,
-            "status": "ok",
+            "status": "failed" if failed else "ok",
+            "error": "SwapFailed: the RPC timed out" if failed else None,
         },
     )
     return campaign_id, adaptation_id
@@ -501,6 +504,22 @@ def test_the_verdict_reaches_the_warehouse_and_the_report(tmp_path: Path) -> Non
     assert "Keep the old head for chat." in text
     assert adaptation_id in text and (page.parent / "adaptation.png").stat().st_size > 1000
     assert not math.isnan(gain)
+
+
+def test_a_failed_confirmation_is_in_the_warehouse_and_the_report_with_its_error(tmp_path: Path) -> None:
+    raw, db = tmp_path / "raw", tmp_path / "w.duckdb"
+    campaign_id, _ = write_planted_adaptation(raw, failed=True)
+    assert ingest_raw(raw, db).counts()["adaptations"] == {"inserted": 1}
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT stratum, adopt, status, error FROM v_adaptation").fetchall() == [
+        (None, None, "failed", "SwapFailed: the RPC timed out")
+    ]
+    con.close()
+    text = write_adaptation_report(campaign_id, db=db, reports_dir=tmp_path / "reports").read_text()
+    assert (
+        "No stratum should get the adapted head: keep the old one. The confirmation FAILED: SwapFailed"
+        in text
+    )
 
 
 def test_a_verdict_that_adopts_without_the_gate_is_quarantined(tmp_path: Path) -> None:

@@ -234,20 +234,21 @@ JOIN latest l USING (campaign_id, simulation_id);
 -- One row per adaptation confirmation, stratum and load (tasks/adapt.py, docs/adaptation.md): the benefit
 -- rule's verdict on the new head against the old one, beside the mean acceptance length, throughput and
 -- TPOT p50 ratios (new / old; TPOT old / new, > 1 = new faster) with their intervals over repeats, and the
--- gate taken with the new head serving. `adopt`: this stratum should get the adapted head.
+-- gate taken with the new head serving. `adopt`: this stratum should get the adapted head. A confirmation
+-- that failed before any verdict has one row with a null stratum (its status and error say why).
 CREATE OR REPLACE VIEW v_adaptation AS
 SELECT
     a.campaign_id, a.adaptation_id, a.deployment_id, a.variant, a.target_stratum, v.stratum, v.load_label,
-    v.target, v.adopt, v.reason, v.gain_metric, v.estimate AS gain, v.ci_low AS gain_low, v.ci_high AS gain_high,
+    v.target, v.adopt, v.reason, a.gain_metric, v.estimate AS gain, v.ci_low AS gain_low, v.ci_high AS gain_high,
     v.n_repeats, v.harm_ok, v.worst_other, v.success_ok, v.gate_passed,
     mal.estimate AS mal_ratio, mal.ci_low AS mal_low, mal.ci_high AS mal_high,
     mal.old_mean AS mal_old, mal.new_mean AS mal_new,
     thr.estimate AS throughput_ratio, thr.ci_low AS throughput_low, thr.ci_high AS throughput_high,
     tpot.estimate AS tpot_ratio, tpot.ci_low AS tpot_low, tpot.ci_high AS tpot_high,
     a.min_effect, a.max_harm, a.old_sha256, a.new_sha256, a.new_path, a.swapped_back, a.gate_verdict_id,
-    a.gate_outcome, a.adopt_strata, a.status, a.started_utc, a.ended_utc
-FROM adaptation_verdicts v
-JOIN adaptations a USING (adaptation_key)
+    a.gate_outcome, a.adopt_strata, a.status, a.error, a.started_utc, a.ended_utc
+FROM adaptations a
+LEFT JOIN adaptation_verdicts v ON v.adaptation_key = a.adaptation_key
 LEFT JOIN adaptation_comparisons mal
     ON mal.adaptation_key = v.adaptation_key AND mal.stratum = v.stratum AND mal.load_label = v.load_label
     AND mal.metric = 'mean_acceptance_length'
