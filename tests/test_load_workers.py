@@ -260,3 +260,14 @@ def test_load_spec_workers_is_one_by_default_a_positive_number_or_auto() -> None
     for bad in (0, "many"):
         with pytest.raises(ValueError):
             LoadSpec(workers=bad)
+
+
+def test_more_workers_is_another_campaign(campaign_spec: Path) -> None:
+    from experiments.plan import spec_digest
+
+    spec = load_spec(
+        campaign_spec
+    )  # workers 1 (the default) is left out of the digest: ids stay as they were
+    two = spec.model_copy(update={"load": spec.load.model_copy(update={"workers": 2})})
+    auto = spec.model_copy(update={"load": spec.load.model_copy(update={"workers": "auto"})})
+    assert len({spec_digest(spec), spec_digest(two), spec_digest(auto)}) == 3
