@@ -328,8 +328,13 @@ def run_confirmation(inputs: Inputs, *, ingest: bool = True, log: Any = None) ->
     raw = get_settings().raw_dir
     directory = layout.campaign_dir(raw, inputs.campaign_id)
     earlier = adapt.earlier_adaptation(directory, inputs.adaptation_id)
-    if earlier is not None:
+    if earlier is not None and earlier.get("status") == "ok":
         return earlier
+    if earlier is not None:  # the document is written once: a new attempt is a new confirmation
+        raise InputError(
+            f"confirmation {inputs.adaptation_id} failed earlier ({earlier.get('error')}); run it again with a "
+            "label (--label) for a new confirmation"
+        )
     slot = ids.slot_id(inputs.campaign_id, inputs.variant.name, 0)
     all_cells = [p.cell_id for b in inputs.blocks for p in inputs.cell_plans(b)]
     adapt.record_adaptation_campaign(
