@@ -164,3 +164,19 @@ def adapted_cell_id(variant: str, head: str, repeat: int, workload: str, load: s
     """A cell measured while `head` (old | new) served on a hot-swap deployment: the head is part of the
     cell's variant part, so both heads' cells of one repeat, stratum and load have their own ids."""
     return cell_id(f"{variant}.{head}", repeat, workload, load)
+
+
+# ---------------------------------------------------------------------------------------------- drafters
+
+DRAFTER_PREFIX = "dr-"
+
+
+def drafter_id(inputs_sha256: str) -> str:
+    """A trained head (tasks.drafters.training): its id hashes its inputs (target, parent, data,
+    hyperparameters), so a re-run with the same inputs finds the finished artifact and reuses it."""
+    return f"{DRAFTER_PREFIX}{inputs_sha256[:12]}"
+
+
+def is_drafter_id(value: str) -> bool:
+    rest = value.removeprefix(DRAFTER_PREFIX)
+    return value.startswith(DRAFTER_PREFIX) and len(rest) == 12 and all(c in "0123456789abcdef" for c in rest)

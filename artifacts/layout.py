@@ -15,6 +15,7 @@
     RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
     RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
+    RAW/drafters/<drafter_id>/card.json, curve.parquet, head/          DrafterCard (tasks.drafters.training)
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta
                                            /breakdown.json             ProfileBreakdown (ok windows only)
                                            /metrics_before.txt, metrics_after.txt, trace/
@@ -83,11 +84,14 @@ def is_campaign_dir(directory: Path) -> bool:
 
 
 def campaign_dirs(raw_dir: Path) -> list[Path]:
-    """RAW/<campaign_id>/ folders; `raw_dir` itself when it is one campaign (has campaign.json)."""
+    """RAW/<campaign_id>/ folders; `raw_dir` itself when it is one campaign (has campaign.json).
+    RAW/drafters/ (trained heads, beside the campaigns) is not one."""
     raw_dir = Path(raw_dir)
     if is_campaign_dir(raw_dir):
         return [raw_dir]
-    return sorted(p for p in raw_dir.iterdir() if p.is_dir() and not is_temporary(p.name))
+    return sorted(
+        p for p in raw_dir.iterdir() if p.is_dir() and not is_temporary(p.name) and p.name != DRAFTERS
+    )
 
 
 def campaign_files(raw_dir: Path) -> list[Path]:
@@ -252,3 +256,37 @@ def profiles_dir(directory: Path) -> Path:
 
 def profile_dir(directory: Path, profile_id: str) -> Path:
     return profiles_dir(directory) / profile_id
+
+
+# ------------------------------------------------------------------------------------------------ drafters
+# RAW/drafters/<drafter_id>/card.json          DrafterCard (tasks.drafters.training; written once)
+#                          /curve.parquet      CURVE_SCHEMA, one row per training step
+#                          /data.parquet       training_data.EXAMPLE_SCHEMA, the examples that went in
+#                          /head/              the head as vLLM loads it (model.safetensors, config.json,
+#                                              the target's tokenizer files)
+#                          /train.log          the trainer's output (not read by the warehouse)
+
+DRAFTERS = "drafters"
+CARD = "card.json"
+CURVE = "curve.parquet"
+DATA = "data.parquet"
+HEAD = "head"
+TRAIN_LOG = "train.log"
+DRAFTER_FILES = (CARD, CURVE)  # what the warehouse reads of a drafter
+
+
+def drafters_dir(raw_dir: Path) -> Path:
+    return Path(raw_dir) / DRAFTERS
+
+
+def drafter_dir(raw_dir: Path, drafter_id: str) -> Path:
+    return drafters_dir(raw_dir) / drafter_id
+
+
+def drafter_complete(path: Path) -> bool:
+    return (Path(path) / CARD).is_file() and (Path(path) / HEAD / "model.safetensors").is_file()
+
+
+def drafter_dirs(raw_dir: Path) -> list[Path]:
+    folder = drafters_dir(raw_dir)
+    return [d for d in subdirs(folder) if drafter_complete(d)] if folder.is_dir() else []

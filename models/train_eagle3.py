@@ -382,10 +382,13 @@ def step_terms(head_logits, teacher_logits, ids, lengths, prompt_lengths, step: 
     return soft_ce, weight, agree, answer
 
 
-def evaluate(head, tap, target, examples, batches, *, steps: int, pad: int, device, prompt_weight: float):
+def evaluate(
+    head, tap, target, examples, batches, *, steps: int, pad: int, device, prompt_weight: float, features=None
+):
     """Held-out: soft CE and top-1 agreement per TTT step on answer tokens, and the acceptance length the
     greedy chain would reach (1 + sum over j of P[steps 0..j all agree]) per stratum, anchored at every
-    answer position where all steps fit."""
+    answer position where all steps fit. `features(rows, ids)`, when given, supplies a batch's aux states
+    and target logits instead of running the target through `tap` (tasks/drafters reads stored states)."""
     import torch
 
     head.eval()
@@ -396,7 +399,7 @@ def evaluate(head, tap, target, examples, batches, *, steps: int, pad: int, devi
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
         for rows in batches:
             ids, lengths, prompt_lengths = collate(examples, rows, pad, device)
-            aux, teacher = tap.features(target, ids)
+            aux, teacher = features(rows, ids) if features else tap.features(target, ids)
             logits = head(aux, ids, steps)
             per_step = []
             for step in range(steps):

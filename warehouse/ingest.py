@@ -55,6 +55,7 @@ from warehouse.frames import (
 )
 from warehouse.kinds import KINDS
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.drafters import KIND as DRAFTERS_KIND
 from warehouse.lock import WaitCallback
 from warehouse.models import one_query
 
@@ -201,6 +202,17 @@ def ingest_tree(
                 report=report,
                 per_artifact=per_artifact,
             )
+    drafters = layout.drafters_dir(raw_dir)  # trained heads live beside the campaigns, not in one
+    if drafters.is_dir():
+        report.outcomes += ingest_artifacts(
+            con,
+            DRAFTERS_KIND,
+            list(DRAFTERS_KIND.discover(drafters, layout.DRAFTERS)),
+            ingest_id=report.ingest_id,
+            before_commit=before_commit,
+            report=report,
+            per_artifact=per_artifact,
+        )
     report.seconds = time.perf_counter() - started
     return report
 

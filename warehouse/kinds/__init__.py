@@ -18,6 +18,7 @@ from warehouse.kinds import (
     captures,
     cells,
     deployments,
+    drafters,
     gates,
     profiles,
 )
@@ -35,6 +36,7 @@ KINDS: tuple[ArtifactKind, ...] = (
     capacity.KIND,
     calibration.KIND,
     adaptations.KIND,  # after cells: an adaptation names its cells
+    drafters.KIND,  # RAW/drafters/, beside the campaigns
 )
 
 # Every table's model, by table.
