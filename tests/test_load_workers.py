@@ -223,6 +223,64 @@ def test_a_failed_worker_fails_the_cell_clearly_and_its_records_are_kept(emulato
     assert all(r.phase == "warmup" for r in kept)
 
 
+def test_a_killed_worker_fails_the_cell_which_keeps_what_was_measured(emulator, tmp_path: Path) -> None:
+    """The whole cell (run_cell, its /metrics scrapes and gauges) with W = 2, one worker killed mid-window."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    from experiments.spec import SLO, Variant
+    from tasks.launch.base import Deployment
+
+    emulator.configure(ttft_ms=20, step_ms=10)
+    deployment = Deployment(
+        id="load-workers.kill.l1",
+        launcher="endpoint",
+        variant=Variant(name="plain"),
+        served_model_name=MODEL,
+        base_url=emulator.url,
+        metrics_url=f"{emulator.url}/metrics",
+        directory=tmp_path / "dep",
+    )
+    work = tmp_path / "w.jsonl"
+    work.write_text("".join(p.model_dump_json() + "\n" for p in prompts(tokens=16)))
+    killed: list[int] = []
+
+    def kill_worker_1_once_measuring() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and emulator.stats()["completions"] < 12:  # 4 warm-up, then 8
+            time.sleep(0.02)
+        for child in multiprocessing.active_children():
+            if child.name == "specgauge-load-worker-1" and child.pid is not None:
+                os.kill(child.pid, signal.SIGKILL)
+                killed.append(child.pid)
+
+    killer = threading.Thread(target=kill_worker_1_once_measuring, daemon=True)
+    killer.start()
+    outcome = run_cell(
+        deployment,
+        CellPlan("plain.r0.w.c4", "w", "closed", 4, None, "w.jsonl"),
+        campaign_id="load-workers-kill",
+        repeat=0,
+        corpus=load_corpus(work),
+        sampling=Sampling(max_tokens=16),
+        load=LoadSpec(concurrencies=(4,), requests=64, warmup=4, workers=2, gauge_interval_s=0.2),
+        slo=SLO(),
+        cells_dir=tmp_path / "cells",
+    )
+    killer.join(5)
+    assert killed, "worker 1 was never seen running"
+    error = outcome.summary.error or ""
+    assert outcome.status == "failed"
+    assert error.startswith("WorkerFailed: load worker 1 of 2 failed: killed by signal 9 (SIGKILL)"), error
+    rows = pl.read_parquet(outcome.path / "requests.parquet")
+    meta = json.loads((outcome.path / "meta.json").read_text())
+    assert meta["load"]["workers"] == 2
+    assert rows.height < 68 and rows["ok"].sum() >= 12  # what both workers wrote before the kill is kept
+    assert rows["index"].n_unique() == rows.height
+
+
 # -- the real engine ---------------------------------------------------------------------------------------------------
 @pytest.mark.engine
 def test_a_w2_cell_on_the_real_engine(engines, campaign_spec: Path, tmp_path: Path) -> None:

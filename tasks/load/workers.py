@@ -430,6 +430,7 @@ async def run_load_workers(
     t0_utc = datetime.fromtimestamp(time.time() - (time.perf_counter() - t0), UTC).isoformat()
     window_open = False
     start_s: float | None = None
+    interrupted: BaseException | None = None
     try:
         pool.start()
         started = await asyncio.to_thread(pool.barrier_wait, pool.start_barrier, START_TIMEOUT_S)
@@ -442,6 +443,10 @@ async def run_load_workers(
                 window_open = await asyncio.to_thread(pool.barrier_wait, pool.window_barrier, 60.0)
         if window_open or pool.first_failure() is None:
             await asyncio.to_thread(pool.join, plan.time_cap_s + 60.0)
+    except (
+        BaseException
+    ) as exc:  # Ctrl-C, SIGTERM, a cancelled flow run: stop, keep what was written, re-raise
+        interrupted = exc
     finally:
         pool.stop()
     outcomes = [
@@ -456,6 +461,8 @@ async def run_load_workers(
             on_record(record)
     if own_dir:
         shutil.rmtree(directory, ignore_errors=True)
+    if interrupted is not None:
+        raise interrupted
     # the cause first: a worker that failed by itself, before those the parent stopped because of it
     failed = sorted(
         (o for o in outcomes if o.error is not None), key=lambda o: o.consequence or o.worker in pool.stopped
