@@ -241,6 +241,7 @@ class DrafterSwap(Document):
     new_sha256: Text
     head: Text
     seconds: Number | None = None
+    engine: dict[str, Any] | None = None  # the extension's answer: stage_s, commit_s, tensors, replaced
 
 
 class DrafterFacts(Document):

@@ -94,7 +94,7 @@ def main() -> None:
                 outputs, accepted, drafted = greedy(deployment, PROMPTS)
                 print(
                     f"round {i}: swap to {head.name}: {record.seconds * 1000:.0f} ms; {accepted}/{drafted} "
-                    f"accepted; greedy outputs identical: {outputs == reference}"
+                    f"accepted; greedy outputs identical: {outputs == reference}; engine {record.engine}"
                 )
         print(
             f"swap time over {len(times)} swaps: median {statistics.median(times) * 1000:.0f} ms, "

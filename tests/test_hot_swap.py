@@ -119,7 +119,7 @@ def test_contract_refusal_names_head_and_field_before_any_rpc(tmp_path: Path) ->
         "eagle_config": reconfigured_head(
             tmp_path / "aux024", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}}
         ),
-        "architecture": reconfigured_head(tmp_path / "arch", {"architectures": ["LlamaForCausalLM"]}),
+        "architecture": reconfigured_head(tmp_path / "arch", {"architectures": ["MistralForCausalLM"]}),
         "draft vocabulary": reconfigured_head(tmp_path / "vocab", {"vocab_size": 8192}),
     }
     for field, head in cases.items():

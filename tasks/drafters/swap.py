@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,8 @@ class SwapRecord:
     new_sha256: str
     head: str  # the new head's directory
     seconds: float = 0.0  # the whole swap: checks, RPC (stage, copy, verify), prefix-cache reset, record
+    # The extension's answer: stage_s, commit_s (copy and probe), tensors, replaced (live tensors by kind)
+    engine: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_head(path: str | Path) -> Path:
@@ -275,6 +277,7 @@ def swap_head(deployment: Deployment, head_dir: Path, *, timeout_s: float = 300)
         new_sha256=new_sha,
         head=str(head),
         seconds=time.perf_counter() - started,
+        engine={k: answer[k] for k in ("stage_s", "commit_s", "tensors", "replaced") if k in answer},
     )
     record_swap(deployment, record, old)
     return record
@@ -290,6 +293,7 @@ def record_swap(deployment: Deployment, record: SwapRecord, old: dict[str, Any] 
             new_sha256=record.new_sha256,
             head=record.head,
             seconds=round(record.seconds, 3),
+            engine=record.engine,
         ).model_dump(mode="json")
     )
     drafter = DrafterFacts(

@@ -165,10 +165,15 @@ class SpecgaugeSwapExtension:
         done = time.perf_counter()
         if problems:  # cannot happen unless vLLM computes from a copy this module does not know
             return {"ok": False, "error": "after the copy: " + "; ".join(problems[:5]), "phase": "verify"}
+        kinds: dict[str, int] = {}
+        for item in staged.values():
+            kind = _packed_kind(item.module) if item.module is not None else "plain"
+            kinds[kind] = kinds.get(kind, 0) + 1
         return {
             "ok": True,
             "sha256": digest,
             "tensors": len(tensors),
+            "replaced": kinds,  # live tensors by how the layer computes: onednn, sgl, weight, plain
             "stage_s": staged_at - started,
             "commit_s": done - staged_at,
             "seconds": done - started,
@@ -248,11 +253,10 @@ class SpecgaugeSwapExtension:
             if kind == "other":
                 raise ValueError(f"{name}: {module_name} computes with weights this extension cannot replace")
             holder = torch.nn.Parameter(item.data, requires_grad=False)
-            holder.__dict__.update({"input_dim": 1, "output_dim": 0} if item.param is None else {})
-            if item.param is not None:
-                holder.__dict__.update(
-                    {k: v for k, v in item.param.__dict__.items() if k not in ("weight_loader",)}
-                )
+            if item.param is not None:  # its loader's attributes (output_dim, ...), where it kept them
+                holder.__dict__.update({k: v for k, v in item.param.__dict__.items() if k != "weight_loader"})
+            if hasattr(module, "output_partition_sizes"):  # a linear layer's weight is [out, in] (linear.py)
+                holder.__dict__.update({"input_dim": 1, "output_dim": 0})
             loader = getattr(module, "weight_loader", None) if kind else None
             if loader is None:
                 loader = getattr(live, "weight_loader", default_weight_loader)
@@ -277,15 +281,14 @@ class SpecgaugeSwapExtension:
                 )
             if item.module is not None:
                 item.packed = self._pack(item)
+        # What a head must replace: every linear layer's and norm's weight of its own (the client has
+        # checked the checkpoint's tensor names equal the serving head's).
         own = {
-            n
-            for n, p in drafter.named_parameters(remove_duplicate=False)
-            if p.numel() and p.data_ptr() not in target_params and not n.startswith("mask_hidden")
-        }
-        own |= {
             f"{n}.weight"
             for n, m in drafter.named_modules()
-            if hasattr(m, "cpu_linear") and id(m) not in target_modules
+            if id(m) not in target_modules
+            and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and (hasattr(m, "cpu_linear") or type(m).__name__.endswith("RMSNorm"))
         }
         missing = sorted(own - set(staged))
         if missing:
