@@ -8,6 +8,7 @@ memorised. Deterministic: the same Python stdlib gives the same files.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import random
@@ -128,6 +129,56 @@ def build(stdlib: Path, per_stratum: int, seed: int, prefix: str, max_tokens: di
     return rows
 
 
+# The shifted stratum (issue 19): long-context summarization of the stdlib packages train.py skips
+# (SKIP_DIRS: never in the tiny models' training, nor in the EAGLE-3 head's), so that adapting a head has
+# something to find. Its files are split by path hash: the training part feeds train-drafter, the held-out
+# part is what a confirmation measures (a fine-tune never sees its prompts, nor any window of its files).
+SHIFTED_DIRS = ("idlelib", "lib2to3", "turtledemo")
+SHIFTED_WINDOW = 1300  # source tokens per prompt: past the 1,024-token sequences the target trained on
+SHIFTED_HELD_OUT = 0.2
+
+
+def shifted_is_held_out(rel: str) -> bool:
+    return hashlib.sha256(rel.encode()).digest()[0] < 256 * SHIFTED_HELD_OUT
+
+
+def build_shifted(stdlib: Path, seed: int, max_tokens: int) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): each file of SHIFTED_DIRS (tests left out) cut into windows of
+    SHIFTED_WINDOW tokens, every window (a last one of at least 600 tokens) one summarization request."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "models" / "tiny-target")
+    rng = random.Random(seed)
+    sides: dict[bool, list[dict]] = {False: [], True: []}
+    for name in SHIFTED_DIRS:
+        for path in sorted((stdlib / name).rglob("*.py")):
+            rel = str(path.relative_to(stdlib))
+            if "test" in rel:
+                continue
+            ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)[
+                "input_ids"
+            ]
+            held = shifted_is_held_out(rel)
+            for start in range(0, max(len(ids) - 600, 1), SHIFTED_WINDOW):
+                code = tokenizer.decode(ids[start : start + SHIFTED_WINDOW])
+                if len(ids[start : start + SHIFTED_WINDOW]) < 300:
+                    continue
+                sides[held].append(
+                    {
+                        "workload": "shifted",
+                        "source": f"{rel}@{start}",
+                        "messages": [
+                            {"role": "user", "content": rng.choice(train.SUMMARY_REQUESTS).format(code=code)}
+                        ],
+                        "max_tokens": max_tokens,
+                    }
+                )
+    out = []
+    for held, prefix in ((False, "shifted-train"), (True, "shifted")):
+        out.append([{"id": f"{prefix}-{i:03d}", **row} for i, row in enumerate(sides[held])])
+    return out[0], out[1]
+
+
 def write(path: Path, header: str, rows: list[dict]) -> None:
     lines = [f"# {line}" for line in header.strip().splitlines()]
     lines += [json.dumps(row, ensure_ascii=False) for row in rows]
@@ -148,6 +199,22 @@ def main() -> None:
         "Greedy-capture corpus for the correctness gate: 12 prompts per stratum (36).\n"
         "Built by workloads/build_corpora.py from stdlib files held out of the tiny models' training.",
         build(stdlib, 12, seed=2, prefix="cap", max_tokens={"chat": 48, "code": 48, "summarization": 48}),
+    )
+
+    shifted_train, shifted_held = build_shifted(stdlib, seed=3, max_tokens=64)
+    write(
+        HERE / "shifted-train.jsonl",
+        "Shifted stratum, training part: long-context summarization of idlelib, lib2to3 and turtledemo\n"
+        "(stdlib packages the tiny models never saw), 80% of their files by path hash. Built by\n"
+        "workloads/build_corpora.py; train-drafter's input (models/README.md).",
+        shifted_train,
+    )
+    write(
+        HERE / "shifted.jsonl",
+        "Shifted stratum, held-out part: the other 20% of those files' windows. A head adapted on\n"
+        "shifted-train.jsonl never saw these prompts: confirmations measure them. Built by\n"
+        "workloads/build_corpora.py.",
+        shifted_held,
     )
 
 
