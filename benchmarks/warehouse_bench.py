@@ -1,22 +1,27 @@
-"""Warehouse speed: ingest of about 1 million request rows, and v_speedup plus a latency-percentile query over
-about 10 million request rows. Targets on the project's 2-core machine: ingest >= 200,000 rows/s, each query
-under 2 s.
+"""Warehouse speed at 1x, 10x and 100x: what one more campaign's ingest costs as the warehouse grows, and
+two queries over every request row. Targets on the project's 2-core machine: ingest >= 200,000 request
+rows/s, the cost of one more campaign flat across sizes, each query under 2 s at 10x and 10 s at 100x.
 
 1. Writes a synthetic campaign (tests/warehouse_fixtures.py, the documented raw layout): 3 variants x 5 repeats
    x 3 workload strata x 22 loads = 990 cells of 1,011 requests each (1,000,890 request rows, chunk lists of
-   15-32 entries), with deployments, campaign.json and a run record.
-2. Ingests it into a fresh warehouse twice, side by side: batched transactions (the default) and one
-   transaction per cell (`per_artifact=True`), then once more to time the idempotent skip.
-3. Grows the batched warehouse to 10x (copies of every cell under new campaign ids, inside DuckDB), then
-   times `SELECT * FROM v_speedup` and TTFT/TPOT percentiles per variant, workload and load over every
-   measured request, in a fresh process reading the snapshot, as `specgauge sql` does. Each query runs 3
-   times: the first run and the median are reported, and the target is judged on the slower of the two.
-4. Reports the cost of the reader snapshot (the copy a writer makes when it finishes) at both sizes.
+   15-32 entries), with deployments, campaign.json and a run record: one "campaign" (1x).
+2. At each size N (campaigns), the warehouse holds N - 1 campaigns and one more is ingested: at 1x the raw
+   campaign into a fresh warehouse, later a copy of it under a new campaign id (its JSON rewritten, its
+   parquet files linked), with `ingest_raw` as `specgauge ingest` runs it: open, migrate, read, validate,
+   write, commit, close, and the reader snapshot copy. That is the cost of one more campaign.
+3. Before that, grows the warehouse to N - 1 campaigns by adding copies of the first under new campaign ids:
+   its cells (and their small tables) copied inside DuckDB, its request and gauge Parquet files rewritten
+   with the new cell keys and listed in the manifest, as an ingest would have left them.
+4. At each size: `SELECT * FROM v_speedup` and TTFT/TPOT/E2E percentiles per campaign, variant, workload and
+   load over every successful measured request, each 3 times in a fresh process reading the snapshot
+   (warehouse.db.reader; the first run and the median, the target judged on the slower), the percentiles
+   also through `specgauge sql`'s sandbox (warehouse.db.restrict_file_access: Arrow reads the files);
+   the reader snapshot's copy alone; the DuckDB file's and the Parquet files' size.
 
-    .venv/bin/python benchmarks/warehouse_bench.py [--copies 10] [--workdir DIR] [--keep] [--no-per-cell]
+    .venv/bin/python benchmarks/warehouse_bench.py [--sizes 1,10,100] [--workdir DIR] [--keep]
 
-Uses about 3 GB under the work folder (a temporary folder in /tmp by default), removed at the end.
-The machine's load average is printed with the results: other work on the 2 cores slows every figure.
+100x is about 100 million request rows: about 17 GB of Parquet under the work folder (a temporary folder
+in /tmp by default), removed at the end. The machine's load average is printed with the results.
 """
 
 from __future__ import annotations
@@ -35,15 +40,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from warehouse import parts
 from warehouse.db import _copy_snapshot, writer
 from warehouse.ingest import ingest_raw
 
 REPO = Path(__file__).resolve().parent.parent
 
-console = Console(width=max(Console().width, 130))
+console = Console(width=max(Console().width, 150))
 
 CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 RATES = (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -58,7 +66,9 @@ JOIN v_cells c USING (cell_key)
 WHERE r.phase = 'measured' AND r.ok
 GROUP BY ALL
 """
-DATA_TABLES = ("cells", "requests", "gauges", "spec_decode", "spec_decode_positions")
+SPEEDUP = "SELECT * FROM v_speedup"
+# The campaign's small tables, copied inside DuckDB when the warehouse grows (keyed by cell or deployment).
+CELL_TABLES = ("cells", "spec_decode", "spec_decode_positions")
 
 
 def _fixtures() -> Any:
@@ -84,38 +94,90 @@ def build_raw(raw_dir: Path, requests_per_cell: int, repeats: int) -> Any:
     return builder
 
 
+def another_campaign(campaign_dir: Path, new_id: str, into: Path) -> Path:
+    """A copy of a raw campaign under another campaign id: JSON documents rewritten (ids inside them must
+    match their place), everything else hard-linked (raw files are immutable). Returns its directory."""
+    old_id = campaign_dir.name
+    target = into / new_id
+    for path in sorted(campaign_dir.rglob("*")):
+        dest = target / str(path.relative_to(campaign_dir)).replace(old_id, new_id)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        elif path.suffix == ".json":
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(path.read_text().replace(old_id, new_id))
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, dest)
+    return target
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     started = time.perf_counter()
     result = fn()
     return time.perf_counter() - started, result
 
 
-def grow(db: Path, copies: int) -> int:
-    """Add copies-1 copies of every cell under new campaign ids (<id>~n), so views pair within each copy."""
+def grow(db: Path, base: str, copies: range) -> None:
+    """Add copies of campaign `base` under the ids `<base>~n` (n in `copies`): small tables inside DuckDB,
+    request and gauge rows as new Parquet files listed in the manifest, in one transaction."""
     with writer(db) as con:
-        for table in DATA_TABLES:
+        root = parts.root_of(con)
+        assert root is not None
+        written: list[parts.PartFile] = []
+        sources = {
+            table: pq.read_table([str(f) for f in _campaign_files(con, root, table, base)])
+            for table in parts.PARTED_TABLES
+        }
+        for n in copies:
+            new = f"{base}~{n}"
+            for table, rows in sources.items():
+                keys = pc.replace_substring(
+                    rows.column("cell_key"), f"{base}/", f"{new}/", max_replacements=1
+                )
+                copy = rows.set_column(rows.schema.get_field_index("cell_key"), "cell_key", keys)
+                written.append(parts.write_part(root, table, new, copy, f"grow{n}"))
+        numbers = f"(SELECT unnest({list(copies)}) AS n)"
+        like = f"'{base}/%'"
+        con.execute("BEGIN TRANSACTION")
+        for table in CELL_TABLES:
             columns = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-            replaced = ["cell_key || '~' || n AS cell_key"]
-            if "campaign_id" in columns:
-                replaced.append("campaign_id || '~' || n AS campaign_id")
-            if "deployment_id" in columns:
-                replaced.append("deployment_id || '~' || n AS deployment_id")
+            replaced = [f"replace(cell_key, '{base}/', '{base}~' || n || '/') AS cell_key"]
+            for column in ("campaign_id", "deployment_id", "source_path"):
+                if column in columns:
+                    replaced.append(f"replace({column}, '{base}', '{base}~' || n) AS {column}")
             con.execute(
                 f"INSERT INTO {table} SELECT {table}.* REPLACE ({', '.join(replaced)}) "
-                f"FROM {table}, range(1, {copies}) t(n) WHERE NOT contains(cell_key, '~')"
+                f"FROM {table}, {numbers} WHERE cell_key LIKE {like}"
             )
         con.execute(
-            f"INSERT INTO campaigns SELECT campaigns.* REPLACE (campaign_id || '~' || n AS campaign_id) "
-            f"FROM campaigns, range(1, {copies}) t(n)"
+            f"INSERT INTO deployments SELECT deployments.* REPLACE (replace(deployment_id, '{base}', "
+            f"'{base}~' || n) AS deployment_id, '{base}~' || n AS campaign_id) "
+            f"FROM deployments, {numbers} WHERE campaign_id = '{base}'"
         )
-        return con.execute("SELECT count(*) FROM requests").fetchone()[0]
+        con.execute(
+            f"INSERT INTO campaigns SELECT campaigns.* REPLACE ('{base}~' || n AS campaign_id) "
+            f"FROM campaigns, {numbers} WHERE campaign_id = '{base}'"
+        )
+        parts.record(con, root, written)
+        con.execute("COMMIT")
+
+
+def _campaign_files(con: Any, root: Path, table: str, campaign: str) -> list[Path]:
+    names = con.execute(
+        f"SELECT file FROM {parts.MANIFEST} WHERE table_name = ? AND campaign_id = ? ORDER BY file",
+        [table, campaign],
+    ).fetchall()
+    return [root / n for (n,) in names]
 
 
 QUERY_TIMER = """
 import json, sys, time
-from warehouse.db import reader
+from warehouse.db import reader, reads_only, restrict_file_access
 times = []
 with reader(sys.argv[1]) as con:
+    if sys.argv[4] == "sandbox":
+        restrict_file_access(con, reads_only=reads_only(sys.argv[2]))
     for _ in range(int(sys.argv[3])):
         started = time.perf_counter()
         rows = con.sql(sys.argv[2]).to_arrow_table().num_rows
@@ -124,10 +186,11 @@ print(json.dumps({"times": times, "rows": rows}))
 """
 
 
-def query_times(db: Path, sql: str, runs: int = 3) -> tuple[float, float, int]:
-    """Run a query `runs` times in a fresh process reading the snapshot, as `specgauge sql` does."""
+def query_times(db: Path, sql: str, mode: str = "reader", runs: int = 3) -> tuple[float, float, int]:
+    """Run a query `runs` times in a fresh process reading the snapshot (`mode` sandbox: as `specgauge sql`
+    does, no file reachable but through the warehouse's views)."""
     done = subprocess.run(
-        [sys.executable, "-c", QUERY_TIMER, str(db), sql, str(runs)],
+        [sys.executable, "-c", QUERY_TIMER, str(db), sql, str(runs), mode],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -137,9 +200,17 @@ def query_times(db: Path, sql: str, runs: int = 3) -> tuple[float, float, int]:
     return result["times"][0], statistics.median(result["times"]), result["rows"]
 
 
-def snapshot_seconds(db: Path) -> float:
-    seconds, _ = timed(lambda: _copy_snapshot(db))
-    return seconds
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def count(db: Path, sql: str) -> int:
+    from warehouse.db import reader
+
+    with reader(db) as con:
+        found = con.execute(sql).fetchone()
+        assert found is not None
+        return int(found[0])
 
 
 def main() -> None:
@@ -148,97 +219,69 @@ def main() -> None:
     )
     parser.add_argument("--requests-per-cell", type=int, default=1011)
     parser.add_argument("--repeats", type=int, default=5, help="5 gives 990 cells")
-    parser.add_argument("--copies", type=int, default=10, help="query at this many times the ingested rows")
+    parser.add_argument("--sizes", default="1,10,100", help="warehouse sizes, in campaigns")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    parser.add_argument(
-        "--no-per-cell", action="store_true", help="skip the one-transaction-per-cell comparison (minutes)"
-    )
     args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
 
     work = Path(tempfile.mkdtemp(prefix="warehouse-bench-", dir=args.workdir))
     load_before = os.getloadavg()
-    results: list[tuple[str, str, str, str, str]] = []
+    results: list[dict[str, Any]] = []
+    loads: list[str] = []
     try:
         console.print(f"work folder {work}; load average before: {load_before[0]:.2f} (1 min)")
         seconds, builder = timed(lambda: build_raw(work / "raw", args.requests_per_cell, args.repeats))
         cells = sum(len(d.cells) for d in builder.plan.deployments)
-        raw_mb = sum(p.stat().st_size for p in (work / "raw").rglob("*") if p.is_file()) / 1e6
+        base = builder.campaign_id
+        raw_mb = folder_bytes(work / "raw") / 1e6
         console.print(f"wrote {cells} cells, {raw_mb:.0f} MB of raw artifacts in {seconds:.1f} s")
         os.sync()  # the fixture's writeback would otherwise land inside the ingest's time
 
-        batched_db, single_db = work / "batched.duckdb", work / "per-cell.duckdb"
-        batched_s, report = timed(lambda: ingest_raw(builder.raw_dir, batched_db))
-        assert report.ok, report.as_dict()
-        request_rows = report.rows_by_table["requests"]
-        all_rows = report.rows
-        results.append(
-            (
-                "ingest, batched transactions (default)",
-                f"{request_rows:,} requests ({all_rows:,} rows)",
-                f"{batched_s:.2f}",
-                f"{request_rows / batched_s:,.0f}",
-                _verdict(request_rows / batched_s >= 200_000),
+        db = work / "w.duckdb"
+        present, next_copy, request_rows = 0, 1, 0
+        for size in sizes:
+            if size - 1 > present:
+                copies = range(next_copy, next_copy + size - 1 - present)
+                grow_s, _ = timed(lambda: grow(db, base, copies))  # noqa: B023
+                console.print(f"grew by {len(copies)} copies of the campaign in {grow_s:.1f} s")
+                present, next_copy = size - 1, copies.stop
+            # One more campaign: the first is the raw campaign itself, later ones a copy under a new id.
+            probe = (
+                builder.campaign_dir
+                if present == 0
+                else another_campaign(builder.campaign_dir, f"{base}-p{size}", work / "probe")
             )
-        )
-        if not args.no_per_cell:
-            single_s, single = timed(lambda: ingest_raw(builder.raw_dir, single_db, per_artifact=True))
-            assert single.ok and single.rows_by_table["requests"] == request_rows
-            single_db.unlink()
-            results.append(
-                (
-                    "ingest, one transaction per cell",
-                    f"{request_rows:,} requests",
-                    f"{single_s:.2f}",
-                    f"{request_rows / single_s:,.0f}",
-                    f"batched is {single_s / batched_s:.1f}x faster",
-                )
-            )
-        skip_s, again = timed(lambda: ingest_raw(builder.raw_dir, batched_db))
-        assert again.rows == 0
-        results += [
-            (
-                "re-ingest (all skipped: hash only)",
-                f"{cells} cells",
-                f"{skip_s:.2f}",
-                f"{request_rows / skip_s:,.0f}",
-                "",
-            ),
-            (
-                "reader snapshot copy (1x)",
-                f"{batched_db.stat().st_size / 1e6:,.0f} MB",
-                f"{snapshot_seconds(batched_db):.2f}",
-                "",
-                "at the end of every write",
-            ),
-        ]
-        shutil.rmtree(work / "raw")
-
-        grow_s, total = timed(lambda: grow(batched_db, args.copies))
-        console.print(f"grew the warehouse to {total:,} request rows in {grow_s:.1f} s")
-        for label, sql in (
-            ("SELECT * FROM v_speedup", "SELECT * FROM v_speedup"),
-            ("TTFT/TPOT/E2E percentiles by variant, workload, load", PERCENTILES),
-        ):
-            first, median, n = query_times(batched_db, sql)
-            results.append(
-                (
-                    f"query: {label}",
-                    f"{total:,} requests -> {n:,} result rows",
-                    f"{first:.2f} first, {median:.2f} median",
-                    f"{total / max(first, median):,.0f}",
-                    _verdict(max(first, median) < 2.0),
-                )
-            )
-        results.append(
-            (
-                "reader snapshot copy (10x)",
-                f"{batched_db.stat().st_size / 1e6:,.0f} MB",
-                f"{snapshot_seconds(batched_db):.2f}",
-                "",
-                "at the end of every write",
-            )
-        )
+            os.sync()
+            load = os.getloadavg()[0]
+            ingest_s, report = timed(lambda: ingest_raw(probe, db))  # noqa: B023
+            assert report.ok, report.as_dict()  # type: ignore[attr-defined]
+            request_rows = report.rows_by_table["requests"]  # type: ignore[attr-defined]
+            present += 1
+            if probe != builder.campaign_dir:
+                shutil.rmtree(probe.parent)
+            total = count(db, "SELECT count(*) FROM requests")
+            row: dict[str, Any] = {
+                "size": size,
+                "requests": total,
+                "campaigns": count(db, "SELECT count(*) FROM campaigns"),
+                "ingest_s": ingest_s,
+                "ingest_rows_s": request_rows / ingest_s,
+                "load": load,
+            }
+            for name, sql, mode in (
+                ("speedup", SPEEDUP, "reader"),
+                ("percentiles", PERCENTILES, "reader"),
+                ("percentiles_sandbox", PERCENTILES, "sandbox"),
+            ):
+                first_q, median_q, n = query_times(db, sql, mode)
+                row[name] = (first_q, median_q, n)
+            row["snapshot_s"], _ = timed(lambda: _copy_snapshot(db))
+            row["duckdb_mb"] = db.stat().st_size / 1e6
+            row["parquet_mb"] = folder_bytes(parts.parts_dir(db)) / 1e6
+            loads.append(f"{size}x: {os.getloadavg()[0]:.2f}")
+            results.append(row)
+            console.print(row)
     finally:
         if args.keep:
             console.print(f"kept {work}")
@@ -246,22 +289,71 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
     load_after = os.getloadavg()
-    table = Table(title="Warehouse benchmark", title_justify="left")
-    for column in ("step", "size", "seconds", "rows/s", "target / note"):
-        table.add_column(column, justify="left" if column in ("step", "size", "target / note") else "right")
-    for row in results:
-        table.add_row(*row)
-    console.print(table)
-    console.print(
-        f"{os.cpu_count()} CPUs; load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    report_table(results, load_before[0], load_after[0], loads)
+
+
+def report_table(
+    results: list[dict[str, Any]], load_before: float, load_after: float, loads: list[str]
+) -> None:
+    head = (
+        "size",
+        "request rows",
+        "one more campaign: s",
+        "rows/s",
+        "v_speedup s (first/median)",
+        "percentiles s (first/median)",
+        "percentiles, sql sandbox s",
+        "snapshot copy s",
+        "DuckDB MB",
+        "Parquet MB",
     )
-    console.print("markdown:\n| step | size | seconds | rows/s | target / note |\n|---|---|---:|---:|---|")
-    for row in results:
-        console.print("| " + " | ".join(row) + " |", highlight=False, markup=False)
-
-
-def _verdict(met: bool) -> str:
-    return "target met" if met else "TARGET MISSED"
+    lines = []
+    for r in results:
+        limit = 2.0 if r["size"] <= 10 else 10.0
+        met = max(r["speedup"][:2]) < limit and max(r["percentiles"][:2]) < limit
+        lines.append(
+            (
+                f"{r['size']}x",
+                f"{r['requests']:,}",
+                f"{r['ingest_s']:.2f}",
+                f"{r['ingest_rows_s']:,.0f}" + ("" if r["ingest_rows_s"] >= 200_000 else " (MISSED)"),
+                f"{r['speedup'][0]:.2f} / {r['speedup'][1]:.2f}",
+                f"{r['percentiles'][0]:.2f} / {r['percentiles'][1]:.2f}" + ("" if met else " (MISSED)"),
+                f"{r['percentiles_sandbox'][0]:.2f} / {r['percentiles_sandbox'][1]:.2f}",
+                f"{r['snapshot_s']:.3f}",
+                f"{r['duckdb_mb']:,.0f}",
+                f"{r['parquet_mb']:,.0f}",
+            )
+        )
+    table = Table(title="Warehouse at 1x/10x/100x", title_justify="left")
+    for column in head:
+        table.add_column(column, justify="right")
+    for line in lines:
+        table.add_row(*line)
+    console.print(table)
+    if len(results) > 1:
+        small = results[0]
+        ratios = Table(title=f"Ratios to {small['size']}x", title_justify="left")
+        for column in ("size", "rows", "one more campaign", "v_speedup", "percentiles", "snapshot copy"):
+            ratios.add_column(column, justify="right")
+        for r in results[1:]:
+            ratios.add_row(
+                f"{r['size']}x",
+                f"{r['requests'] / small['requests']:.1f}",
+                f"{r['ingest_s'] / small['ingest_s']:.2f}",
+                f"{r['speedup'][1] / small['speedup'][1]:.1f}",
+                f"{r['percentiles'][1] / small['percentiles'][1]:.1f}",
+                f"{r['snapshot_s'] / small['snapshot_s']:.1f}",
+            )
+        console.print(ratios)
+    console.print(
+        f"{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, {load_after:.2f} after; "
+        f"at the end of each size {', '.join(loads)}; at each ingest "
+        + ", ".join(f"{r['size']}x: {r['load']:.2f}" for r in results)
+    )
+    console.print("markdown:\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for line in lines:
+        console.print("| " + " | ".join(line) + " |", highlight=False, markup=False)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from warehouse_fixtures import RawBuilder, make_spec
 from cli.app import app
 from specgauge.settings import get_settings
 from warehouse.db import reader
+from warehouse.parts import parts_dir
 
 runner = CliRunner()
 
@@ -191,6 +192,36 @@ def test_sql_reaches_no_file_but_the_warehouse(warehouse: tuple[RawBuilder, Path
     out = tmp_path / "cells.parquet"
     assert sql(db, "SELECT * FROM cells", "-f", "parquet", "-o", str(out)).exit_code == 0
     assert pl.read_parquet(out).height == 12
+
+
+def test_sql_reads_the_parquet_rows_but_cannot_write_among_them(
+    warehouse: tuple[RawBuilder, Path], tmp_path: Path
+) -> None:
+    raw, db = warehouse
+    root = parts_dir(db)
+    committed = sorted(root.rglob("*.parquet"))[0]
+    before = committed.read_bytes()
+    per_cell = raw.spec.load.requests + raw.spec.load.warmup
+    # a query reads them through DuckDB itself (only queries: nothing that writes)
+    counted = sql(db, "SELECT count(*) AS n FROM requests", "-f", "csv")
+    assert counted.stdout.splitlines() == ["n", str(12 * per_cell)], counted.output
+    # a statement that writes gets them through Arrow, and DuckDB never reaches their folder
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    wrote = sql(db, f"COPY (SELECT * FROM requests) TO '{exports / 'r.csv'}'", "--allow-path", str(exports))
+    assert wrote.exit_code == 0, wrote.output
+    assert len((exports / "r.csv").read_text().splitlines()) == 1 + 12 * per_cell
+    for query in (
+        f"COPY (SELECT 1 AS one) TO '{committed}' (FORMAT parquet)",
+        f"SELECT 1; COPY (SELECT 1 AS one) TO '{root / 'extra.csv'}'",
+        f"EXPORT DATABASE '{root / 'export'}'",
+    ):
+        refused = sql(db, query)
+        assert refused.exit_code == 1 and "SQL error" in refused.stderr, (query, refused.output)
+    into = sql(db, f"COPY (SELECT 1 AS one) TO '{committed}'", "--allow-path", str(committed.parent))
+    assert into.exit_code == 2 and "not a place to write" in into.stderr
+    assert committed.read_bytes() == before
+    assert not (root / "extra.csv").exists() and not (root / "export").exists()
 
 
 def test_sql_allow_path_lets_a_local_export_through(

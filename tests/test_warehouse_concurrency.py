@@ -19,6 +19,7 @@ from tasks.ingest import only_lock_contention, run_ingest
 from warehouse.db import reader
 from warehouse.errors import WarehouseBusy
 from warehouse.ingest import ingest_raw
+from warehouse.parts import parts_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SPECGAUGE = [sys.executable, "-m", "cli"]
@@ -208,6 +209,11 @@ def test_sigkill_mid_ingest_leaves_no_partial_cell(raw: RawBuilder, tmp_path: Pa
     assert cells == sorted([first, second])  # committed before the kill; the third never was
     assert per_cell == {k: raw.spec.load.requests + raw.spec.load.warmup for k in cells}
     assert gauge_keys == set(cells)
+    # the third cell's Parquet files were written, but no manifest lists them: invisible (swept later)
+    with reader(db) as con:
+        manifest = {f for (f,) in con.execute("SELECT file FROM warehouse_parts").fetchall()}
+    files = {str(p.relative_to(parts_dir(db))) for p in parts_dir(db).rglob("*.parquet")}
+    assert len(manifest) == 4 and manifest < files and len(files - manifest) == 2
 
     report = ingest_raw(raw.raw_dir, db)  # the lock died with its holder: no wait, and the job completes
     assert report.ok

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import duckdb
 
+from specgauge.errors import InputError
 from specgauge.settings import get_settings
 from warehouse import parts
 from warehouse.errors import MigrationError, WarehouseBusy, WarehouseMissing
@@ -47,6 +48,7 @@ __all__ = [
     "migrate",
     "pending_migrations",
     "reader",
+    "reads_only",
     "refresh_snapshot",
     "remove_database",
     "replacing",
@@ -420,27 +422,50 @@ def reader(
         con.close()
 
 
-def restrict_file_access(con: duckdb.DuckDBPyConnection, allow: Iterable[Path | str] = ()) -> None:
+def restrict_file_access(
+    con: duckdb.DuckDBPyConnection, allow: Iterable[Path | str] = (), *, reads_only: bool = False
+) -> None:
     """Let SQL on `con` reach no file but the database it opened, and the files and folders in `allow`.
 
     For SQL run on someone else's behalf (`specgauge sql`): without this, a read-only connection still
     reads any file the user can (`read_csv('/etc/passwd')`), writes anywhere (`COPY ... TO`), attaches other
     databases and installs extensions. DuckDB checks every file system operation against
     `enable_external_access` and the listed paths; `lock_configuration` keeps the query from undoing it.
-    Spilling to the database's own temp directory keeps working. The Parquet request rows stay readable
-    through `requests` and `gauges` (Arrow reads them: warehouse.parts.register_datasets), while the query
-    itself can neither read nor write the parts folder.
+    Spilling to the database's own temp directory keeps working.
+
+    The request rows (`requests`, `gauges`: Parquet files under the parts root, warehouse.parts) stay
+    readable. DuckDB's allowed directories do not tell reading from writing, so DuckDB itself may read the
+    parts folder only for SQL that `reads_only` (every statement a query: see `reads_only()`), which
+    writes no file; for other SQL (a `COPY ... TO` an --allow-path folder, say) Arrow reads the files
+    (warehouse.parts.register_datasets: slower) and the folder stays out of DuckDB's reach, so no
+    statement can overwrite a committed file. `allow` may not reach into the parts folder.
     """
-    parts.register_datasets(con)
+    root = parts.root_of(con)
     folders: list[str] = []
     files: list[str] = []
     for entry in allow:
         path = Path(entry).expanduser().resolve()
+        if root is not None and (path == root or root in path.parents or path in root.parents):
+            raise InputError(f"{entry}: the warehouse's Parquet files ({root}) are not a place to write")
         (folders if path.is_dir() else files).append(str(path))
+    if reads_only and root is not None:
+        folders.append(str(root))
+    else:
+        parts.register_datasets(con)
     con.execute("SET allowed_directories = ?", [folders])
     con.execute("SET allowed_paths = ?", [files])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+def reads_only(sql: str) -> bool:
+    """Whether every statement of `sql` is a query (SELECT, FROM, WITH, VALUES, DESCRIBE, SHOW, SUMMARIZE:
+    DuckDB's SELECT statements), none of which writes a file (COPY, EXPORT, ATTACH, CALL, PRAGMA, SET and
+    the rest are other kinds). By DuckDB's own parser; SQL it cannot parse is not."""
+    try:
+        return all(s.type == duckdb.StatementType.SELECT for s in duckdb.extract_statements(sql))
+    except duckdb.Error:
+        return False
 
 
 def remove_database(db_path: Path) -> None:

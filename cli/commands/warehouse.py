@@ -131,7 +131,8 @@ def migrate(db: DbOption = None, lock_timeout: LockTimeout = None) -> None:
 
 @warehouse_app.command("info")
 def info(db: DbOption = None) -> None:
-    """Schema version, pending migrations, row counts per table and view, and the snapshot readers use."""
+    """Schema version, pending migrations, row counts per table and view, the snapshot readers use, and the
+    Parquet files that hold the request rows."""
     from warehouse.db import (
         applied_migrations,
         available_migrations,
@@ -139,6 +140,7 @@ def info(db: DbOption = None) -> None:
         reader,
         snapshot_path,
     )
+    from warehouse.parts import root_of
 
     path = db or default_path()
     with reader(path, on_wait=say_waiting) as con:
@@ -148,6 +150,12 @@ def info(db: DbOption = None) -> None:
             "WHERE table_schema = 'main' ORDER BY table_type, table_name"
         ).fetchall()
         counts = {name: con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name, _ in objects}
+        root = root_of(con)
+        files, size = (
+            con.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM warehouse_parts").fetchone()
+            if root is not None
+            else (0, 0)
+        )
     pending = [m.label for m in available_migrations() if m.version not in applied]
     version = max(applied) if applied else 0
     console.print(f"warehouse {path}: {path.stat().st_size / 1e6:.1f} MB", highlight=False)
@@ -159,6 +167,10 @@ def info(db: DbOption = None) -> None:
     snap = snapshot_path(path)
     if snap.exists():
         console.print(f"reader snapshot {snap} (as of the last write)", highlight=False)
+    if root is not None:
+        console.print(
+            f"request rows: {files:,} Parquet files, {size / 1e6:,.1f} MB under {root}", highlight=False
+        )
     table = Table("name", "kind", "rows")
     for name, kind in objects:
         table.add_row(name, "view" if kind == "VIEW" else "table", f"{counts[name]:,}")
@@ -211,13 +223,13 @@ def sql(
     import duckdb
 
     from specgauge.errors import InputError
-    from warehouse.db import reader, restrict_file_access
+    from warehouse.db import reader, reads_only, restrict_file_access
 
     if output_format is OutputFormat.parquet and output is None:
         raise InputError("--format parquet writes a file: give --output FILE")
     allowed = [*(allow_path or []), *([output] if output_format is OutputFormat.parquet else [])]
     with reader(db, on_wait=say_waiting) as con:
-        restrict_file_access(con, allowed)
+        restrict_file_access(con, allowed, reads_only=reads_only(query))
         try:
             relation = con.sql(query)
             if relation is None:
