@@ -223,6 +223,29 @@ def test_a_failed_worker_fails_the_cell_clearly_and_its_records_are_kept(emulato
     assert all(r.phase == "warmup" for r in kept)
 
 
+def test_a_cancelled_cell_stops_its_workers_and_keeps_their_records(emulator) -> None:
+    import multiprocessing
+
+    emulator.configure(ttft_ms=10, step_ms=10)
+    plan = LoadPlan("closed", concurrency=4, requests=64, warmup=0)
+    kept: list[RequestRecord] = []
+
+    async def main() -> None:
+        load = run_load_workers(
+            emulator.url, MODEL, prompts(tokens=16), plan, Sampling(), 2, on_record=kept.append
+        )
+        task = asyncio.create_task(load)
+        while (await asyncio.to_thread(emulator.stats))["finished"] < 8:
+            await asyncio.sleep(0.02)
+        task.cancel()  # what a cancelled flow run or Ctrl-C does to the cell
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert sum(r.ok for r in kept) >= 8 and len(kept) < 64
+    assert not [c for c in multiprocessing.active_children() if c.name.startswith("specgauge-load-worker")]
+
+
 def test_a_killed_worker_fails_the_cell_which_keeps_what_was_measured(emulator, tmp_path: Path) -> None:
     """The whole cell (run_cell, its /metrics scrapes and gauges) with W = 2, one worker killed mid-window."""
     import multiprocessing

@@ -443,9 +443,7 @@ async def run_load_workers(
                 window_open = await asyncio.to_thread(pool.barrier_wait, pool.window_barrier, 60.0)
         if window_open or pool.first_failure() is None:
             await asyncio.to_thread(pool.join, plan.time_cap_s + 60.0)
-    except (
-        BaseException
-    ) as exc:  # Ctrl-C, SIGTERM, a cancelled flow run: stop, keep what was written, re-raise
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a cancelled flow: stop, keep what was written, re-raise
         interrupted = exc
     finally:
         pool.stop()
