@@ -162,6 +162,11 @@ def verdict_table(document: dict) -> Table:
 
 
 def register(app: typer.Typer) -> None:
-    drafters_app = typer.Typer(help="Drafter heads: confirm an adapted head.", no_args_is_help=True)
+    drafters_app = typer.Typer(
+        help="Drafter heads: train or fine-tune one, confirm an adapted head.", no_args_is_help=True
+    )
     drafters_app.command("confirm", help=CONFIRM_HELP)(confirm)
+    from cli.commands.drafters_train import TRAIN_HELP, train
+
+    drafters_app.command("train", help=TRAIN_HELP)(train)
     app.add_typer(drafters_app, name="drafters")

@@ -131,8 +131,9 @@ def _ids(value: Any, path: Path, line: int, field: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def read_jsonl(path: Path, target_dir: Path) -> list[Example]:
-    """A user's JSONL of prompts and the target's outputs (module docstring); every line checked."""
+def parse_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a user's JSONL of prompts and the target's outputs (module docstring),
+    every line checked, nothing tokenized yet: the first bad line is a WorkloadError (FILE:LINE: field)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such training-data file")
@@ -179,6 +180,14 @@ def read_jsonl(path: Path, target_dir: Path) -> list[Example]:
         rows.append((number, row))
     if not rows:
         raise InputError(f"{path}: no examples")
+    return rows
+
+
+def read_jsonl(path: Path, target_dir: Path) -> list[Example]:
+    """A user's JSONL as examples: checked (parse_jsonl), then its messages and texts tokenized by the
+    target's tokenizer."""
+    path = Path(path)
+    rows = parse_jsonl(path)
     chats = [row["messages"] for _, row in rows if "messages" in row]
     texts = [row["output"] for _, row in rows if "output" in row]
     prompt_ids, text_ids = tokenize(target_dir, chats, texts)
@@ -329,3 +338,51 @@ def compute_hidden_states(
             "device": device,
         }
     )
+
+
+def capture_dirs_of(source: str) -> list[Path]:
+    """A capture folder, or a campaign (its folder, or its id under RAW): every complete capture in it."""
+    from artifacts import layout
+
+    path = Path(source)
+    if not path.exists():
+        path = get_settings().raw_dir / source
+    if layout.capture_complete(path):
+        return [path]
+    captures = layout.captures_dir(path)
+    found = [d for d in layout.subdirs(captures) if layout.capture_complete(d)]
+    if not found:
+        raise InputError(f"{source}: neither a capture folder nor a campaign with complete captures")
+    return found
+
+
+def read_sources(*, captures: list[str], jsonl: list[str], target_dir: Path) -> list[Example]:
+    """Every example of the given captures (or campaigns) and JSONL files; ids must not repeat."""
+    if not captures and not jsonl:
+        raise InputError("no training data: give captures (or campaigns) and/or JSONL files")
+    examples: list[Example] = []
+    dirs = [d for source in captures for d in capture_dirs_of(source)]
+    if dirs:
+        examples += read_captures(dirs, target_dir)
+    for path in jsonl:
+        examples += read_jsonl(Path(path), target_dir)
+    seen: dict[str, str] = {}
+    for e in examples:
+        if e.example_id in seen:
+            raise InputError(f"example id {e.example_id!r} given twice ({seen[e.example_id]} and {e.source})")
+        seen[e.example_id] = e.source
+    return examples
+
+
+def source_files(*, captures: list[str], jsonl: list[str]) -> dict[str, str]:
+    """Each input file -> its sha256 (a capture: its outputs.parquet), for the card."""
+    from artifacts import layout
+
+    out = {}
+    for source in captures:
+        for d in capture_dirs_of(source):
+            out[str(d)] = hashlib.sha256((d / layout.OUTPUTS).read_bytes()).hexdigest()
+    for path in jsonl:
+        if Path(path).is_file():
+            out[str(path)] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return out
