@@ -271,7 +271,7 @@ def summary_text(
         parts.append(f"{c['metric']} new/old on {target_stratum} at {c['load_label']}: {_ratio_text(c)}")
     for v in verdicts:
         if not v["adopt"]:
-            parts.append(f"{v['stratum']} at {v['load_label']}: {v['reason']}")
+            parts.append(f"{v['stratum']} at {v['load_label']} keeps the old head ({v['reason']})")
     return "; ".join(parts)
 
 

@@ -548,8 +548,8 @@ variants:
   - {name: plain, method: none}
   - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/tiny-eagle3, hot_swap: true}
 workloads:
-  - {file: workloads/smoke.jsonl, strata: [code, summarization]}
-load: {concurrencies: [1], requests: 4, warmup: 1, request_timeout_s: 120}
+  - {file: workloads/smoke.jsonl, strata: [chat, code]}
+load: {concurrencies: [1], requests: 2, warmup: 1, request_timeout_s: 120}
 sampling: {temperature: 0.0, seed: 0}
 capture: {corpus: workloads/capture.jsonl, max_tokens: 24}
 launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
@@ -582,7 +582,7 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     assert doc["status"] == "ok", doc["error"]
     old_sha, new_sha = doc["old_head"]["sha256"], doc["new_head"]["sha256"]
     blocks = [Block(b["position"], b["repeat"], b["head"], b["stratum"]) for b in doc["schedule"]]
-    assert len(blocks) == 8 and blocks == adapt.schedule(["code", "summarization"], 2, seed=0)
+    assert len(blocks) == 8 and blocks == adapt.schedule(["chat", "code"], 2, seed=0)
     # the swaps the schedule needs, plus the gate's capture under the new head and the swap back after it
     assert len(doc["swaps"]) == adapt.swaps_needed([*blocks, Block(8, 1, "new", "capture")])
     assert doc["swapped_back"] and doc["final_sha256"] == old_sha
@@ -597,7 +597,7 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     gate = doc["gate"]
     assert gate["passed"], gate  # a bad head drafts badly but speculation stays lossless
     mal = {c["stratum"]: c for c in doc["comparisons"] if c["metric"] == "mean_acceptance_length"}
-    for stratum in ("code", "summarization"):
+    for stratum in ("chat", "code"):
         assert mal[stratum]["n_repeats"] == 2 and mal[stratum]["new_mean"] < mal[stratum]["old_mean"]
         assert mal[stratum]["ci_high"] < 1.0, mal[stratum]
     assert doc["adopt_strata"] == [] and doc["summary"].startswith("keep the old head")
@@ -610,7 +610,7 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
         hashes = con.execute(
             "SELECT count(DISTINCT drafter_sha256) FROM cells WHERE campaign_id = ?", [doc["campaign_id"]]
         ).fetchone()
-    assert rows == [("code", False, True, True), ("summarization", False, True, True)]
+    assert rows == [("chat", False, True, True), ("code", False, True, True)]
     assert hashes == (2,)
     page = Path(doc["report"]).read_text()
     assert "No stratum should get the adapted head: keep the old one." in page
