@@ -42,11 +42,14 @@ def train_task(
     device: str,
     files: dict[str, str],
     command: str | None,
+    cluster: str | None,
+    cluster_python: str,
 ) -> TrainedDrafter:
     from specgauge.settings import get_settings
     from tasks.drafters.training import train_drafter
 
     settings = get_settings()
+    runner = _cluster_runner(cluster, cluster_python) if cluster else None
     trained = train_drafter(
         examples,
         target_dir=Path(target),
@@ -58,6 +61,8 @@ def train_task(
         device=device,
         files=files,
         command=command,
+        runner=runner,
+        runner_name=f"slurm:{cluster}" if cluster else "local",
     )
     losses = trained.card.losses
     get_run_logger().info(
@@ -69,6 +74,20 @@ def train_task(
         losses.kept_step,
     )
     return trained
+
+
+def _cluster_runner(cluster: str, python: str):
+    """Each worker op as a SLURM job on the cluster a saved SlurmClusterBlock names (over its SSH block,
+    or on the login node)."""
+    from blocks import SavedBlocks
+    from tasks.drafters.cluster_job import slurm_runner
+    from tasks.drafters.training_data import WORKER
+    from tasks.launch.cluster import open_shell
+
+    saved = SavedBlocks()
+    config = saved.cluster(cluster)
+    shell = open_shell(saved.ssh(config.ssh_block) if config.ssh_block else None)
+    return slurm_runner(shell, config, python=python, worker=str(WORKER))
 
 
 @task(name="ingest-drafter", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 20])
@@ -92,6 +111,8 @@ def train_drafter_flow(
     held_out_share: float = 0.1,
     seed: int = 0,
     device: str = "cpu",
+    cluster: str | None = None,
+    cluster_python: str = "python3",
     ingest: bool = True,
     db: str | None = None,
 ) -> dict[str, Any]:
@@ -111,6 +132,9 @@ def train_drafter_flow(
         held_out_share: Share of examples held out of training for that check (by id hash).
         seed: Seed of batch order and initialisation.
         device: Where the torch worker trains: cpu, or cuda where the worker's machine has a GPU.
+        cluster: A saved SlurmClusterBlock: run the worker's ops (hidden states, training) as batch jobs
+            there instead of locally (paths on a filesystem the nodes see). Empty: locally.
+        cluster_python: The Python with torch, transformers and safetensors on the cluster's nodes.
         ingest: Write the drafter's row into the warehouse afterwards.
         db: Another warehouse file. Empty: the default.
     """
@@ -128,7 +152,9 @@ def train_drafter_flow(
     files = source_files(captures=captures, jsonl=jsonl)
     examples = training_data_task(captures, jsonl, target)
     command = _command(target, parent, captures, jsonl, aux_layers, hp, device)
-    trained = train_task(examples, target, parent, aux_layers, hp, device, files, command)
+    trained = train_task(
+        examples, target, parent, aux_layers, hp, device, files, command, cluster, cluster_python
+    )
     result: dict[str, Any] = {
         "drafter_id": trained.card.drafter_id,
         "path": str(trained.path),

@@ -225,3 +225,37 @@ def test_the_cli_refuses_bad_training_input_before_training(tmp_path: Path) -> N
     assert result.exit_code == 2 and "no training data" in result.output
     with pytest.raises(InputError, match="steps"):
         Hyperparameters(steps=0)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_worker_op_runs_as_a_slurm_job_like_the_local_run(tmp_path: Path) -> None:
+    from stand_ins.cluster import ENGINE_PYTHON, ensure_services
+
+    from specgauge.errors import LaunchError
+    from tasks.drafters.cluster_job import run_job
+    from tasks.drafters.training_data import WORKER, run_worker
+    from tasks.launch.config import ClusterConfig
+    from tasks.launch.ssh import LocalShell
+
+    ensure_services("slurm")
+    cluster = ClusterConfig(name="test", partition="debug", remote_dir=str(tmp_path / "cluster"), poll_s=0.5)
+    request = {
+        "op": "hidden_states",
+        "target": str(TARGET),
+        "aux_layers": [1, 3, 5],
+        "sequences": [[2, 10, 11, 12, 4, 3, 20, 21], [2, 30, 31]],
+        "out": str(tmp_path / "job.safetensors"),
+    }
+    answer = run_job(LocalShell(), cluster, request, python=str(ENGINE_PYTHON), worker=str(WORKER))
+    assert answer["sequences"] == 2
+    run_worker({**request, "out": str(tmp_path / "local.safetensors")})
+    assert (tmp_path / "job.safetensors").read_bytes() == (tmp_path / "local.safetensors").read_bytes()
+    with pytest.raises(LaunchError, match=r"gave no answer[\s\S]*aux layers \[1, 9\]"):
+        run_job(
+            LocalShell(),
+            cluster,
+            {**request, "aux_layers": [1, 9]},
+            python=str(ENGINE_PYTHON),
+            worker=str(WORKER),
+        )

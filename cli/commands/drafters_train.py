@@ -52,6 +52,13 @@ def train(
     ] = 0.1,
     seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu, or cuda where there is a GPU.")] = "cpu",
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="A saved SlurmClusterBlock: train there as batch jobs (sbatch)."),
+    ] = None,
+    cluster_python: Annotated[
+        str, typer.Option("--cluster-python", help="The nodes' Python with torch and transformers.")
+    ] = "python3",
     ingest: Annotated[bool, typer.Option("--ingest/--no-ingest", help="Write the warehouse row.")] = True,
 ) -> None:
     from cli.commands.campaign import _listed
@@ -85,6 +92,8 @@ def train(
         held_out_share=held_out_share,
         seed=seed,
         device=device,
+        cluster=cluster,
+        cluster_python=cluster_python,
         ingest=ingest,
     )
     card = result["card"]

@@ -29,6 +29,7 @@ from artifacts import ids, layout
 from artifacts.documents import CURVE_SCHEMA, DrafterCard
 from artifacts.store import atomic_dir, read_document, write_json
 from specgauge.errors import InputError
+from tasks.drafters.cluster_job import Runner
 from tasks.drafters.contract import check_eagle3_head
 from tasks.drafters.provenance import drafter_digest
 from tasks.drafters.training_data import (
@@ -132,9 +133,13 @@ def train_drafter(
     device: str = "cpu",
     files: dict[str, str] | None = None,
     command: str | None = None,
+    runner: Runner | None = None,
+    runner_name: str = "local",
 ) -> TrainedDrafter:
     """Train (parent_dir None: a new head with the target's vocabulary and `aux_layers`) or fine-tune
-    `parent_dir` on `examples`; write the drafter artifact, or return the one these inputs already made."""
+    `parent_dir` on `examples`; write the drafter artifact, or return the one these inputs already made.
+    The worker's ops run locally, or through `runner` (`runner_name` on the card: e.g. a SLURM job,
+    tasks.drafters.cluster_job)."""
     target_dir = Path(target_dir).resolve()
     if parent_dir is not None:
         parent_dir = Path(parent_dir).resolve()
@@ -161,7 +166,7 @@ def train_drafter(
     )
     if not states.is_file():
         partial = states.with_name(f".{states.name}.partial")
-        compute_hidden_states(chosen, target_dir, aux_layers, partial, device=device)
+        compute_hidden_states(chosen, target_dir, aux_layers, partial, device=device, runner=runner)
         partial.replace(states)
     started = time.time()
     with atomic_dir(final) as tmp:
@@ -186,7 +191,7 @@ def train_drafter(
             "out": str(tmp / layout.HEAD),
             "device": device,
         }
-        answer = run_worker(request, log=tmp / layout.TRAIN_LOG)
+        answer = runner(request) if runner else run_worker(request, log=tmp / layout.TRAIN_LOG)
         check_eagle3_head(target_dir, tmp / layout.HEAD)
         curve = answer["curve"]
         losses = [c["loss"] for c in curve if c.get("loss") is not None]
@@ -214,7 +219,7 @@ def train_drafter(
                     "initial_held_out": initial or None,
                     "kept_held_out": kept or None,
                 },
-                "runner": "local",
+                "runner": runner_name,
                 "device": answer.get("device"),
                 "torch_version": answer.get("torch"),
                 "train_seconds": round(time.time() - started, 1),

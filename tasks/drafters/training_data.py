@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -323,12 +324,19 @@ def data_summary(examples: list[Example]) -> dict[str, Any]:
 
 
 def compute_hidden_states(
-    examples: list[Example], target_dir: Path, aux_layers: list[int], out: Path, *, device: str = "cpu"
+    examples: list[Example],
+    target_dir: Path,
+    aux_layers: list[int],
+    out: Path,
+    *,
+    device: str = "cpu",
+    runner: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The target's states at `aux_layers` (and its final normed state) for every example, into `out`
-    (safetensors, `aux.<n>` / `final.<n>` in the examples' order), computed offline with its weights."""
+    (safetensors, `aux.<n>` / `final.<n>` in the examples' order), computed offline with its weights, by
+    the local worker or `runner` (a cluster job: tasks.drafters.cluster_job)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return run_worker(
+    return (runner or run_worker)(
         {
             "op": "hidden_states",
             "target": str(target_dir),
