@@ -164,6 +164,9 @@ def spec_digest(spec: ExperimentSpec) -> str:
             del variant["aa_control"]
         if not variant.get("hot_swap", True):
             del variant["hot_swap"]
+    # How many blocks run at once changes when results arrive, not what is measured: a campaign resumes
+    # under another setting, and specs written before the field keep their ids.
+    data.pop("parallel_deployments", None)
     if data["load"].get("workers") == 1:  # one client process: how every spec ran before `load.workers`
         del data["load"]["workers"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
