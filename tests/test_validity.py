@@ -49,6 +49,9 @@ def test_specs_without_the_new_sections_keep_their_campaign_ids() -> None:
     spelled = parse_spec({**SPEC, "validity": {}, "decision": {"min_effect": 0.10}})
     assert campaign_id_for(bare) == campaign_id_for(spelled)
     assert campaign_id_for(parse_spec({**SPEC, "validity": {"aa_control": True}})) != campaign_id_for(bare)
+    # How many repeat blocks run at once and how many client processes drive a cell change no id.
+    parallel = parse_spec({**SPEC, "parallel_deployments": 4, "load": {**SPEC["load"], "workers": 1}})
+    assert campaign_id_for(parallel) == campaign_id_for(bare)
 
 
 def test_only_a_plain_variant_can_be_the_aa_control() -> None:
