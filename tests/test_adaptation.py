@@ -556,6 +556,8 @@ launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 
 
+# 7 min 53 s on 2 busy cores (2026-12-02 11:16-11:24 UTC): one engine start, 8 cells, 36 captured prompts.
+@pytest.mark.timeout(1200)
 def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path: Path) -> None:
     """A head whose drafts land on the wrong tokens (lm_head rows permuted) swapped into a running server:
     every block measured with the head it should have, the old head serving again at the end, the gate
