@@ -13,7 +13,7 @@ from warehouse_fixtures import RawBuilder, make_spec
 from cli.app import app
 from warehouse.db import available_migrations, connect, migrate, reader, schema_version
 from warehouse.errors import MigrationError
-from warehouse.ingest import ingest_tree
+from warehouse.ingest import ingest_tree, rebuild
 
 VIEWS_0001 = ("v_cells", "v_speedup", "v_acceptance", "v_acceptance_positions", "v_capacity")
 
@@ -69,8 +69,19 @@ def test_a_0001_database_with_data_migrates_to_head(tmp_path: Path) -> None:
             for v in VIEWS_0001
         } == old
         assert con.execute("SELECT count(*), sum(e2e_s) FROM requests").fetchall() == old_requests
+    # the old request rows stay in DuckDB (requests_legacy) until a rebuild moves them to Parquet files
+    assert "`specgauge warehouse rebuild` moves them" in result.stdout
     again = CliRunner().invoke(app, ["warehouse", "migrate", "--db", str(db)])
     assert again.exit_code == 0 and "up to date" in again.stdout
+    assert rebuild(raw.raw_dir, db).ok
+    with reader(db) as con:
+        assert con.execute("SELECT count(*) FROM requests_legacy").fetchone() == (0,)
+        assert con.execute("SELECT count(*), sum(e2e_s) FROM requests").fetchall() == old_requests
+        assert con.execute(
+            "SELECT sum(rows) FROM warehouse_parts WHERE table_name = 'requests'"
+        ).fetchone() == (old_requests[0][0],)
+    moved = CliRunner().invoke(app, ["warehouse", "migrate", "--db", str(db)])
+    assert "moves them" not in moved.stdout
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ __all__ = [
     "committed_files",
     "discard",
     "ensure_root",
+    "legacy_rows",
     "legacy_table",
     "parts_dir",
     "record",
@@ -69,6 +70,16 @@ _COMPRESSION_LEVEL = 1
 def legacy_table(table: str) -> str:
     """The DuckDB table holding rows ingested before migration 0010 (empty in a warehouse built since)."""
     return f"{table}_legacy"
+
+
+def legacy_rows(con: duckdb.DuckDBPyConnection) -> int:
+    """Rows still in the `<table>_legacy` tables (ingested before migration 0010; a rebuild moves them)."""
+    total = 0
+    for table in PARTED_TABLES:
+        if _has_table(con, legacy_table(table)):
+            found = con.execute(f"SELECT count(*) FROM {legacy_table(table)}").fetchone()
+            total += int(found[0]) if found else 0
+    return total
 
 
 def parts_dir(db_path: Path | str) -> Path:

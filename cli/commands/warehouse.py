@@ -117,16 +117,24 @@ def migrate(db: DbOption = None, lock_timeout: LockTimeout = None) -> None:
     """Apply pending schema migrations (warehouse/migrations/NNNN_*.sql), each in its own transaction."""
     from warehouse.db import default_path, schema_version, writer
     from warehouse.db import migrate as apply
+    from warehouse.parts import legacy_rows
 
     path = db or default_path()
     with writer(path, timeout_s=lock_timeout, on_wait=say_waiting, migrate_schema=False) as con:
         done = apply(con)
         version = schema_version(con)
+        in_duckdb = legacy_rows(con)
     for migration in done:
         console.print(f"applied {migration.label}", highlight=False)
     console.print(
         f"{path}: schema version {version:04d}" + ("" if done else " (up to date)"), highlight=False
     )
+    if in_duckdb:
+        console.print(
+            f"{in_duckdb:,} request and gauge rows ingested before migration 0010 are still inside the DuckDB "
+            "file (copied by every write): `specgauge warehouse rebuild` moves them to Parquet files",
+            highlight=False,
+        )
 
 
 @warehouse_app.command("info")
