@@ -23,11 +23,20 @@ from artifacts.store import read_document
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
 from specgauge.errors import SpecError
+from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT, get_settings
 from tasks.cell import run_cell
 from tasks.drafters.engine_side import ENGINE_SIDE_DIR, EXTENSION_CLASS
 from tasks.drafters.provenance import drafter_digest, drafter_record
-from tasks.drafters.swap import SwapFailed, SwapRefused, serving_drafter_sha256, swap_head
+from tasks.drafters.swap import (
+    SwapFailed,
+    SwapRecord,
+    SwapRefused,
+    current_drafter,
+    record_swap,
+    serving_drafter_sha256,
+    swap_head,
+)
 from tasks.health import wait_ready
 from tasks.launch.base import Deployment
 from tasks.launch.local import LocalLauncher
@@ -135,6 +144,55 @@ def test_contract_refusal_names_head_and_field_before_any_rpc(tmp_path: Path) ->
     facts = read_document(deployment.directory / "deployment.json", DeploymentFacts)
     assert facts.drafter is not None and facts.drafter.swaps is None
     assert facts.drafter.sha256 == drafter_digest(BASE_HEAD)
+
+
+def test_a_cell_carries_the_head_serving_when_it_ran_and_fails_when_swapped_under_it(
+    emulator, tmp_path: Path
+) -> None:
+    """The cell reads the serving head from deployment.json (a swap made through another Deployment object,
+    another process, is seen), and a swap during its window fails it: it measured two heads. Against the
+    emulator: the bookkeeping, not the engine."""
+    deployment = Deployment(
+        id="t.hot-swap-cell.l1",
+        launcher="endpoint",
+        variant=_variant(),
+        served_model_name="emulated",
+        base_url=emulator.url,
+        metrics_url=f"{emulator.url}/metrics",
+        directory=tmp_path / "dep",
+        status="ready",
+        drafter=drafter_record("eagle3", "models/tiny-eagle3", BASE_HEAD),
+    )
+    deployment.save()
+    base = drafter_digest(BASE_HEAD)
+    other = reconfigured_head(tmp_path / "other", {"rms_norm_eps": 1e-5})  # any other digest will do
+    swapped: list[str] = []
+
+    def swap_elsewhere(record: object) -> None:
+        if not swapped:  # once, while the cell's requests run
+            elsewhere = Deployment.load(deployment.directory / "deployment.json")
+            new = SwapRecord(at=utc_now(), old_sha256=base, new_sha256=drafter_digest(other), head=str(other))
+            record_swap(elsewhere, new, current_drafter(elsewhere))
+            swapped.append(new.new_sha256)
+
+    corpus = load_corpus(REPO_ROOT / "workloads" / "smoke.jsonl")
+    common = {
+        "campaign_id": "hot-swap-emulated",
+        "repeat": 0,
+        "corpus": corpus,
+        "sampling": Sampling(temperature=0.0, max_tokens=8, seed=0),
+        "load": LoadSpec(concurrencies=(1,), requests=2, warmup=0, gauge_interval_s=0.2),
+        "slo": SLO(),
+        "cells_dir": tmp_path / "cells",
+    }
+    plan = CellPlan(f"{deployment.variant.name}.r0.code.c1", "code", "closed", 1, None, "smoke.jsonl")
+    during = run_cell(deployment, plan, on_record=swap_elsewhere, **common)  # type: ignore[arg-type]
+    assert during.status == "failed" and "swapped during the cell" in (during.summary.error or "")
+    after = run_cell(deployment, plan, **common)  # type: ignore[arg-type]
+    assert after.status == "ok", after.summary.error
+    meta = read_document(after.path / "meta.json", CellMeta)
+    assert meta.deployment and meta.deployment.drafter and meta.deployment.drafter.sha256 == swapped[0]
+    assert deployment.drafter and deployment.drafter["sha256"] == base  # this object never saw the swap
 
 
 # ----------------------------------------------------------------------------------------- one engine
