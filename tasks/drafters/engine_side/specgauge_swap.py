@@ -240,6 +240,10 @@ class SpecgaugeSwapExtension:
                 continue
             if not isinstance(live, torch.Tensor):
                 raise ValueError(f"{name}: the serving head has no parameter {pname!r}")
+            if tensor.is_floating_point() != live.is_floating_point():
+                # A float width is cast as a restart would cast it (the engine's dtype); an integer map
+                # (d2t) as floats, or weights as integers (a quantized head), is another head format.
+                raise ValueError(f"{name}: dtype {tensor.dtype} where the serving head has {live.dtype}")
             kind = _packed_kind(module) if attr == "weight" and hasattr(module, "cpu_linear") else None
             item = staged.get(pname)
             if item is None:
