@@ -116,6 +116,8 @@ def confirm(
         f"gate after the swap: {gate_facts.get('outcome') or gate_facts.get('error') or 'not run'}",
         markup=False,
     )
+    for v in document["verdicts"]:
+        console.print(f"{v['stratum']} at {v['load_label']}: {v['reason']}", markup=False)
     console.print(f"verdict: {document['summary']}", markup=False)
     if document.get("status") != "ok":
         console.print(f"the confirmation FAILED: {document.get('error')}", markup=False)
@@ -156,7 +158,7 @@ def verdict_table(document: dict) -> Table:
             _ratio(mal),
             _ratio(comparisons.get((*key, "throughput"))),
             _ratio(comparisons.get((*key, "tpot_p50"))),
-            "adopt" if v["adopt"] else f"keep old: {v['reason']}",
+            "adopt" if v["adopt"] else "keep old",
         )
     return table
 
