@@ -129,6 +129,25 @@ def test_a_file_no_transaction_committed_is_invisible_then_swept(raw: RawBuilder
     assert set(on_disk(db)) == listed(db) and one(db, "SELECT count(*) FROM requests") == count
 
 
+def test_files_of_another_schema_are_read_together_by_name(raw: RawBuilder, tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    ingest_raw(raw.raw_dir, db)
+    count = one(db, "SELECT count(*) FROM requests")
+    root = parts.parts_dir(db)
+    rows = pl.read_parquet(root / sorted(listed(db))[0]).head(3)
+    with writer(db) as con:  # a file written after a column was added to the table's model
+        con.execute("BEGIN TRANSACTION")
+        newer = parts.write_part(root, "requests", "c", rows.with_columns(pl.lit(7).alias("added")), "later")
+        parts.record(con, root, [newer])
+        con.execute("COMMIT")
+    assert newer.name.split(".")[-2] != sorted(listed(db))[0].split(".")[-2]  # another schema tag
+    assert one(db, "SELECT count(*) FROM requests") == count + 3
+    assert one(db, "SELECT count(added) FROM requests") == 3  # null in the older files' rows
+    with reader(db) as con:
+        sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'requests'").fetchone()[0]
+    assert sql.count("read_parquet(") == 2 and "union_by_name" not in sql
+
+
 def test_rebuild_writes_new_files_and_retires_the_old(raw: RawBuilder, tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_raw(raw.raw_dir, db)

@@ -22,6 +22,7 @@ docs/warehouse.md, "Request rows in Parquet".
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -160,7 +161,7 @@ def write_part(
     assert isinstance(frame, pl.DataFrame)
     folder = Path(root) / table / campaign_id
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"{ingest_id}-{uuid.uuid4().hex[:8]}.parquet"
+    name = f"{ingest_id}-{uuid.uuid4().hex[:8]}.{schema_tag(frame)}.parquet"
     tmp = folder / f".{name}.tmp"
     try:
         # polars' writer encodes columns in parallel: 0.8 s per million request rows against 1.6 for
@@ -209,17 +210,29 @@ def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
+def schema_tag(frame: pl.DataFrame) -> str:
+    """8 hex of the hash of a frame's column names and types: part of its file's name, so that the view
+    reads files of one schema with one `read_parquet` (which then reads one file's footer to bind, not
+    every file's, as `union_by_name` does: a cost that would grow with the warehouse)."""
+    columns = ",".join(f"{name}:{dtype}" for name, dtype in frame.schema.items())
+    return hashlib.sha256(columns.encode()).hexdigest()[:8]
+
+
+def _tag_of(path: Path) -> str:
+    parts = path.name.split(".")
+    return parts[-2] if len(parts) >= 3 else ""
+
+
 def view_sql(table: str, files: Sequence[Path]) -> str:
-    legacy = f"SELECT * FROM {legacy_table(table)}"
-    if not files:
-        return f"CREATE OR REPLACE VIEW {table} AS {legacy}"
-    listed = ", ".join(_quoted(f) for f in files)
-    # BY NAME: the legacy table's columns in its order; a column a file lacks (written before the column
-    # was added) reads as null.
-    return (
-        f"CREATE OR REPLACE VIEW {table} AS {legacy} UNION ALL BY NAME "
-        f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
-    )
+    """The view: the legacy table's rows, then each schema's files through one `read_parquet`, combined
+    BY NAME (the legacy table's columns first; a column some files lack reads as null in their rows)."""
+    selects = [f"SELECT * FROM {legacy_table(table)}"]
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        groups.setdefault(_tag_of(f), []).append(f)
+    for group in groups.values():
+        selects.append(f"SELECT * FROM read_parquet([{', '.join(_quoted(f) for f in group)}])")
+    return f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL BY NAME ".join(selects)
 
 
 def refresh_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[str] = PARTED_TABLES) -> None:
