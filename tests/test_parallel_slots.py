@@ -71,7 +71,9 @@ def campaign_jobs() -> Iterator[list[str]]:
 
 
 def slots_spec(tmp_path: Path, name: str, *, requests: int, repeats: int = 2) -> Path:
-    work = corpus(tmp_path / f"{name}.jsonl", [("p-0", "code", "def add(a, b):", 8), ("p-1", "chat", "Hi", 8)])
+    work = corpus(
+        tmp_path / f"{name}.jsonl", [("p-0", "code", "def add(a, b):", 8), ("p-1", "chat", "Hi", 8)]
+    )
     spec: dict[str, Any] = {
         "name": name,
         "target": {"model": "models/tiny-target", "served_model_name": "tiny"},
@@ -128,9 +130,7 @@ def test_two_repeat_blocks_run_at_once_each_on_one_node(
     assert ports[a] > 0 and ports[b] > 0 and ports[a] != ports[b]  # one node, two engines: each its own port
     for repeat in (0, 1):
         order = [s for s in result["deployments"] if f".r{repeat}" in s["slot"]]
-        scripts = [
-            (directory / "deployments" / s["launches"][-1] / "job.sbatch").read_text() for s in order
-        ]
+        scripts = [(directory / "deployments" / s["launches"][-1] / "job.sbatch").read_text() for s in order]
         assert f"--nodelist={node}" not in scripts[0] and f"#SBATCH --nodelist={node}" in scripts[1]
     # Every cell records the node it ran on.
     metas = [json.loads(p.read_text()) for p in directory.glob("cells/*/meta.json")]
@@ -207,7 +207,9 @@ def test_a_cancelled_two_slot_campaign_leaves_no_job_behind(
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
             final = _wait(
-                lambda: (s := client.read_flow_run(flow_run.id).state) and s.is_final() and s, 120, "cancelled"
+                lambda: (s := client.read_flow_run(flow_run.id).state) and s.is_final() and s,
+                120,
+                "cancelled",
             )
     finally:
         serve.terminate()
