@@ -15,8 +15,10 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -439,6 +441,9 @@ class ValiditySpec(Strict):
     )
 
 
+REPEATS_COUNT, REPEATS_ADAPTIVE = "count", "adaptive"  # the tags of `repeats`' two forms (error locations)
+
+
 class AdaptiveRepeats(Strict):
     """`repeats: {min, max, target_halfwidth}`: launch at least `min` and at most `max` repeat blocks; after
     each block, stop once every interval the decision needs (each speculative variant against plain, per
@@ -776,7 +781,11 @@ class ExperimentSpec(Strict):
         description="Tensor/data parallel layouts to sweep (they override the target's sizes); more than one "
         "gives each a copy of every variant, plain included. SLURM GPUs per node follow from them.",
     )
-    repeats: int | AdaptiveRepeats = Field(
+    # A mapping is the adaptive rule, anything else a count: one error names what was wrong (not one per form).
+    repeats: Annotated[
+        Annotated[int, Tag(REPEATS_COUNT)] | Annotated[AdaptiveRepeats, Tag(REPEATS_ADAPTIVE)],
+        Discriminator(lambda v: REPEATS_ADAPTIVE if isinstance(v, dict | AdaptiveRepeats) else REPEATS_COUNT),
+    ] = Field(
         default=1,
         description="Independently launched deployments per variant: a number, or {min, max, target_halfwidth} "
         "to stop launching once the decision's intervals are narrow enough.",
@@ -940,6 +949,8 @@ def _user_loc(loc: Location) -> Location:
     out: list[int | str] = []
     for part in loc:
         if part in LAUNCHER_TAGS and out == ["launcher"]:
+            continue
+        if part in (REPEATS_COUNT, REPEATS_ADAPTIVE) and out == ["repeats"]:
             continue
         out.append(part)
     return tuple(out)
