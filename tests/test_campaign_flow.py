@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -260,7 +261,11 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
     planned = [f"{d.variant.name}-r{d.repeat}-{d.role}" for d in plan.deployments]  # in launch order
     assert [name for _, name in steps[:3]] == planned and "ngram-k3-r0-arm" in planned
     slot_run = next(run for run in subflows if run.name == "ngram-k3-r0-arm")
-    assert set(slot_run.parameters) == {"spec", "campaign_id", "slot", "corpora"}
+    assert set(slot_run.parameters) == {"spec", "campaign_id", "slot", "corpora", "node"}
+    # A block's first slot goes wherever the launcher puts it; the later ones are pinned to its node (the
+    # endpoint's host here).
+    first = plan.orders[0][0] == "ngram-k3"
+    assert slot_run.parameters["node"] == (None if first else urlsplit(emulator.url).hostname)
     assert slot_run.parameters["campaign_id"] == plan.campaign_id
     assert slot_run.parameters["slot"]["deployment_id"] == f"{plan.campaign_id}.ngram-k3.r0"
 
