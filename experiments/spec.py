@@ -837,7 +837,7 @@ class ExperimentSpec(Strict):
     @classmethod
     def some_repeats(cls, value: int | AdaptiveRepeats) -> int | AdaptiveRepeats:
         if isinstance(value, int) and value < 1:
-            raise ValueError("repeats must be at least 1")
+            raise ValueError("Input should be greater than 0")
         return value
 
     @property
