@@ -11,7 +11,8 @@ Re-running the same spec resumes: finished cells, captures, profiles and verdict
 import contextvars
 import logging
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -307,7 +308,12 @@ def run_blocks(
     finished: list[int] = []
     stop = threading.Event()
     logger = get_run_logger()
-    with ThreadPoolExecutor(spec.parallel_deployments, thread_name_prefix="repeat-block") as pool:
+    parallel = spec.parallel_deployments > 1
+    with (
+        ThreadPoolExecutor(spec.parallel_deployments, thread_name_prefix="repeat-block")
+        if parallel
+        else InThisThread()
+    ) as pool:
         running: dict[Future[list[dict[str, Any]]], int] = {}
         try:
             while queue or running:
@@ -340,6 +346,19 @@ def run_blocks(
                 reap_leftovers(include_own=True, id_prefix=plan.campaign_id + ".", saved=SavedBlocks())
             raise
     return [o for i in sorted(outcomes) for o in outcomes[i]], decisions
+
+
+class InThisThread(Executor):
+    """One block at a time runs in the flow's own thread: a cancellation's SIGTERM then interrupts the running
+    cell itself (its records kept, the engine torn down in its `finally`), as before parallel slots."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # BaseException (SIGTERM, Ctrl-C) propagates at once
+            future.set_exception(exc)
+        return future
 
 
 def skipped(slot: DeploymentPlan, why: str) -> dict[str, Any]:
