@@ -515,7 +515,8 @@ def _reap_on_exit(flow: Any, flow_run: Any, state: Any) -> None:
 
 
 @task(name="confirm-adaptation-run", cache_policy=NO_CACHE)
-def _run_task(inputs: Inputs, ingest: bool) -> dict[str, Any]:
+def _run_task(inputs: Inputs) -> dict[str, Any]:
+    """The measurement; the flow ingests and reports afterwards, as subflows of its own."""
     return run_confirmation(inputs, ingest=False, log=get_run_logger())
 
 
@@ -578,7 +579,7 @@ def confirm_adaptation(
         gate=gate,
         label=label,
     )
-    document = _run_task(inputs, ingest)
+    document = _run_task(inputs)
     if ingest:
         ingest_flow(raw_dir=str(Path(document["path"]).parents[2]), campaign_id=inputs.campaign_id)
         document["report"] = str(
