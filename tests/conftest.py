@@ -34,6 +34,7 @@ POOL_TEST_TIMEOUT_S = 900
 
 # Fixtures on the machine's one engine slot (the engine lock is held by one session, or worker, at a time).
 ENGINE_SLOT_FIXTURES = {"engine_lock", "engines"}
+ENGINE_FIXTURES = ENGINE_SLOT_FIXTURES | {"demo_campaign"}
 
 
 def runs_serially(item: pytest.Item) -> bool:
@@ -66,6 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     items.sort(key=rank)  # stable: file order within each rank
     for item in items:
+        # what starts or reads an engine is an `engine` test, marked or not: `-m "not engine"` keeps it out
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
         if "engines" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(POOL_TEST_TIMEOUT_S))
         if runs_serially(item):

@@ -549,14 +549,15 @@ variants:
   - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/tiny-eagle3, hot_swap: true}
 workloads:
   - {file: workloads/smoke.jsonl, strata: [chat, code]}
-load: {concurrencies: [1], requests: 2, warmup: 1, request_timeout_s: 120}
-sampling: {temperature: 0.0, seed: 0}
+load: {concurrencies: [1], requests: 2, warmup: 0, request_timeout_s: 120}
+sampling: {temperature: 0.0, seed: 0, max_tokens: 24}
 capture: {corpus: workloads/capture.jsonl, max_tokens: 24}
 launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 
 
 # 7 min 53 s on 2 busy cores (2026-12-02 11:16-11:24 UTC): one engine start, 8 cells, 36 captured prompts.
+@pytest.mark.engine
 @pytest.mark.timeout(1200)
 def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path: Path) -> None:
     """A head whose drafts land on the wrong tokens (lm_head rows permuted) swapped into a running server:
