@@ -27,7 +27,7 @@ from typing import Any
 
 import polars as pl
 
-from analysis.stats import has_interval, interval_label, ratio_interval
+from analysis.stats import has_interval, interval_label, percent, ratio_interval
 
 HEADS = ("old", "new")
 METRICS: dict[str, tuple[str, bool]] = {
@@ -53,7 +53,7 @@ CELL_SCHEMA: dict[str, Any] = {
 }
 
 RULE = (
-    "The adapted head is adopted for a stratum and load only when (1) the {confidence:.0%} t interval over "
+    "The adapted head is adopted for a stratum and load only when (1) the {confidence} t interval over "
     "repeats of its {metric} ratio against the old head lies above {threshold:.2f} (1 + minimum effect "
     "{min_effect:.0%}; one repeat gives no interval, hence no adoption), (2) no other stratum at that load is "
     "worse by more than {max_harm:.0%} (its ratio estimate below {floor:.2f}), (3) the new head's cells "
@@ -82,7 +82,7 @@ class Rule:
 
     def text(self) -> str:
         return RULE.format(
-            confidence=self.confidence,
+            confidence=percent(self.confidence),
             metric=self.gain_metric,
             threshold=1 + self.min_effect,
             min_effect=self.min_effect,

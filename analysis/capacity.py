@@ -18,6 +18,7 @@ import polars as pl
 
 from analysis.choice import kv_capacity
 from analysis.data import CampaignData
+from analysis.stats import percent
 
 CAPACITY_SCHEMA = {
     "variant": pl.String,
@@ -273,7 +274,7 @@ def search_table(data: CampaignData) -> pl.DataFrame:
             if r["capacity_high_rps"] and plain["capacity_low_rps"]:
                 high = r["capacity_high_rps"] / plain["capacity_low_rps"]
         confidence = (
-            f"p{r['quantile'] * 100:g} within the limits at {r['confidence']:.0%} confidence per point "
+            f"p{r['quantile'] * 100:g} within the limits at {percent(r['confidence'])} confidence per point "
             f"({r['requests']} requests a point)"
         )
         if r["capacity_rps"] is None or r["some_none"]:

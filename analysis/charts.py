@@ -15,6 +15,8 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
+from analysis.stats import percent
+
 WIDTH, HEIGHT = 200, 150
 SPEEDUP_METRICS = {
     "throughput": "output throughput",
@@ -92,7 +94,7 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
         .properties(
             title={
                 "text": f"Speedup against load ({'open loop' if mode == 'open' else 'closed loop'})",
-                "subtitle": f"geometric mean of per-repeat ratios against plain; bands: {confidence:.0%} t interval "
+                "subtitle": f"geometric mean of per-repeat ratios against plain; bands: {percent(confidence)} t interval "
                 "over repeats (no band with one repeat). TPOT/TTFT are per-request figures, not ITL.",
             }
         )

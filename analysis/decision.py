@@ -21,10 +21,11 @@ import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
 from analysis.speedup import CELL_KEY_SCHEMA, GAIN_INTERVAL_SCHEMA, LOAD_KEYS, VARIANT_KEYS, gain
+from analysis.stats import percent
 from experiments.spec import DecisionSpec
 
 RULE = (
-    "A variant is recommended for a workload and load only when (1) the {confidence:.0%} t interval of its "
+    "A variant is recommended for a workload and load only when (1) the {confidence} t interval of its "
     "{metric} speedup over independently launched repeats lies above {threshold:.2f} (1 + minimum effect "
     "{min_effect:.0%}; one repeat gives no interval, hence no recommendation), (2) no other workload at that "
     "load regresses by more than {guardrail:.0%} (its speedup estimate below {floor:.2f}), (3) its success rate "
@@ -60,7 +61,7 @@ def decision_rule(data: CampaignData) -> DecisionSpec:
 def rule_text(settings: AnalysisSettings, rule: DecisionSpec | None = None) -> str:
     rule = rule or DecisionSpec()
     return RULE.format(
-        confidence=settings.confidence,
+        confidence=percent(settings.confidence),
         metric=settings.gain_metric,
         threshold=1 + rule.min_effect,
         min_effect=rule.min_effect,

@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from analysis.charts import ChartFiles
+from analysis.stats import percent
 
 Format = Callable[[Any], str]
 
@@ -599,7 +600,7 @@ def campaign_sections(
             "Q1. Speedup by workload and load",
             '<p class="note">Ratios against plain launched the same way (>1: faster), paired by workload, load and '
             "repeat (repeat r of every variant is launched in one block of the campaign); estimate = geometric mean "
-            f"of the per-repeat ratios, [interval] = {settings.confidence:.0%} Student t interval over repeats on "
+            f"of the per-repeat ratios, [interval] = {percent(settings.confidence)} Student t interval over repeats on "
             "the log scale (its coverage holds at every n: docs/analysis.md; two repeats give a wide one). With "
             "one repeat there is no interval. Red rows: throughput speedup below 1.</p>"
             + html_table(
@@ -886,7 +887,7 @@ def campaign_sections(
                 ("analysed with specgauge", f"{analysis['specgauge_version']} @ {analysis['git_revision']}"),
                 (
                     "analysis settings",
-                    f"confidence {settings.confidence:.0%}, Student t intervals over repeats (log "
+                    f"confidence {percent(settings.confidence)}, Student t intervals over repeats (log "
                     f"scale for ratios), gain = {settings.gain_metric} speedup",
                 ),
             )

@@ -31,6 +31,11 @@ class Interval:
         return self.low > value or self.high < value
 
 
+def percent(confidence: float) -> str:
+    """0.95 -> '95%', 0.975 -> '97.5%' (a format of .0% would print 98%)."""
+    return f"{confidence * 100:g}%"
+
+
 def _t_bounds(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
     """mean, low, high of the Student t interval of the mean of `values` (n - 1 degrees of freedom)."""
     n = len(values)
@@ -55,7 +60,7 @@ def mean_interval(values: Sequence[float], *, confidence: float = 0.95) -> Inter
     if (point := _too_few(v, estimate)) is not None:
         return point
     mean, low, high = _t_bounds(v, confidence)
-    return Interval(mean, low, high, len(v), f"t {confidence:.0%}")
+    return Interval(mean, low, high, len(v), f"t {percent(confidence)}")
 
 
 def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95) -> Interval:
@@ -70,7 +75,7 @@ def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95) -> Inte
         return point
     mean, low, high = _t_bounds(logs, confidence)
     return Interval(
-        math.exp(mean), math.exp(low), math.exp(high), len(r), f"t on log-ratios {confidence:.0%}"
+        math.exp(mean), math.exp(low), math.exp(high), len(r), f"t on log-ratios {percent(confidence)}"
     )
 
 
@@ -99,7 +104,7 @@ def ratio_of_means_interval(
         math.exp(log_ratio - half),
         math.exp(log_ratio + half),
         min(len(t), len(b)),
-        f"Welch t on logs {confidence:.0%}",
+        f"Welch t on logs {percent(confidence)}",
     )
 
 
@@ -117,7 +122,7 @@ def per_repeat_interval(
     if np.allclose(values, values[0], rtol=0, atol=1e-12):
         return Interval(estimate, estimate, estimate, len(values), "degenerate (all repeats equal)")
     _, low, high = _t_bounds(values, confidence)
-    return Interval(estimate, low, high, len(values), f"t over per-repeat values {confidence:.0%}")
+    return Interval(estimate, low, high, len(values), f"t over per-repeat values {percent(confidence)}")
 
 
 # ------------------------------------------------------------------------------------------------ additions
@@ -183,5 +188,5 @@ def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = 0.
         intercept_high=float(result.intercept) + t * intercept_se,
         r2=float(result.rvalue**2) if np.isfinite(result.rvalue) else None,
         p_value=float(result.pvalue) if np.isfinite(result.pvalue) else None,
-        note=f"least squares, {confidence:.0%} t interval, {n - 2} df",
+        note=f"least squares, {percent(confidence)} t interval, {n - 2} df",
     )

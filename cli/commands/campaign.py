@@ -98,13 +98,14 @@ def plan_summary(plan: CampaignPlan, spec: ExperimentSpec) -> list[str]:
         )
     searches = plan.searches()
     if searches and spec.capacity is not None:
+        from analysis.stats import percent
         from tasks.capacity import min_requests
 
         capacity = spec.capacity
         n = capacity.requests or min_requests(capacity.quantile, capacity.confidence)
         lines.append(
             f"capacity searches: {len(searches)} on {searches[0].workload}, up to {capacity.max_points} points of "
-            f"{n} requests each (p{capacity.quantile * 100:g} at {capacity.confidence:.0%} confidence; not in "
+            f"{n} requests each (p{capacity.quantile * 100:g} at {percent(capacity.confidence)} confidence; not in "
             "the estimate below)"
         )
     kind = spec.launcher.kind
