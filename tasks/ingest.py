@@ -18,11 +18,22 @@ from prefect import task
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
+from artifacts import layout
+from specgauge.errors import InputError
+from warehouse.db import writer
 from warehouse.errors import WarehouseBusy
-from warehouse.ingest import IngestReport, ingest_raw
+from warehouse.ingest import IngestReport, ingest_artifacts, ingest_raw
+from warehouse.kinds.drafters import KIND as DRAFTERS
 from warehouse.lock import WRITER_LIMIT_LEASE_S, WRITER_LIMIT_NAME, writer_active
 
-__all__ = ["WRITER_LIMIT_NAME", "ingest_task", "only_lock_contention", "run_ingest", "writer_slot"]
+__all__ = [
+    "WRITER_LIMIT_NAME",
+    "ingest_drafter",
+    "ingest_task",
+    "only_lock_contention",
+    "run_ingest",
+    "writer_slot",
+]
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -120,3 +131,16 @@ def ingest_task(
 ) -> dict[str, Any]:
     """Ingest raw artifacts into the warehouse; returns the report as a dict (counts, rows, quarantined)."""
     return run_ingest(raw_dir, db_path, lock_timeout_s=lock_timeout_s).as_dict()
+
+
+def ingest_drafter(path: Path, db: str | None = None, *, lock_timeout_s: float | None = 300.0) -> str:
+    """The drafter artifact's `drafters` row into the warehouse (idempotent: an unchanged one is skipped)."""
+    path = Path(path)
+    refs = [ref for ref in DRAFTERS.discover(path.parent, layout.DRAFTERS) if ref.path == path]
+    if not refs:
+        raise InputError(f"{path}: not a finished drafter artifact (RAW/drafters/<drafter_id>/card.json)")
+    with writer(db, timeout_s=lock_timeout_s) as con:
+        outcome = ingest_artifacts(con, DRAFTERS, refs)[0]
+    if outcome.action == "quarantined":
+        raise InputError(f"{path}: quarantined by the warehouse: {outcome.message}")
+    return outcome.action

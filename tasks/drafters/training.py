@@ -233,20 +233,3 @@ def train_drafter(
 
 def command_line(argv: list[str]) -> str:
     return shlex.join(argv)
-
-
-def ingest_drafter(path: Path, db: str | None = None, *, lock_timeout_s: float | None = 300.0) -> str:
-    """The drafter artifact's `drafters` row into the warehouse (idempotent: an unchanged one is skipped)."""
-    from warehouse.db import writer
-    from warehouse.ingest import ingest_artifacts
-    from warehouse.kinds.drafters import KIND
-
-    path = Path(path)
-    refs = [ref for ref in KIND.discover(path.parent, layout.DRAFTERS) if ref.path == path]
-    if not refs:
-        raise InputError(f"{path}: not a finished drafter artifact (RAW/drafters/<drafter_id>/card.json)")
-    with writer(db, timeout_s=lock_timeout_s) as con:
-        outcome = ingest_artifacts(con, KIND, refs)[0]
-    if outcome.action == "quarantined":
-        raise InputError(f"{path}: quarantined by the warehouse: {outcome.message}")
-    return outcome.action
