@@ -322,7 +322,7 @@ def write_adaptation(directory: Path, document: dict[str, Any]) -> Path:
 def earlier_adaptation(directory: Path, adaptation_id: str) -> dict[str, Any] | None:
     """The confirmation's document when a finished run wrote it already (a re-run returns it)."""
     path = layout.adaptation_file(directory, adaptation_id)
-    return read_json(path) if path.exists() else None
+    return {**read_json(path), "path": str(path)} if path.exists() else None  # "path": as a fresh run's
 
 
 # --- the gate's plain captures -------------------------------------------------------------------------------
