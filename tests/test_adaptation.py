@@ -617,3 +617,13 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     assert hashes == (2,)
     page = Path(doc["report"]).read_text()
     assert "No stratum should get the adapted head: keep the old one." in page
+    # the same confirmation again: its document is read back (nothing launched), ingested and reported again
+    again = confirm_adaptation(
+        spec_path=str(spec),
+        new_head=str(new),
+        target_stratum="code",
+        repeats=2,
+        plain_from=demo_campaign["campaign_id"],
+    )
+    assert again["adaptation_id"] == doc["adaptation_id"] and again["path"] == doc["path"]
+    assert again["started_utc"] == doc["started_utc"] and Path(again["report"]).exists()
