@@ -556,7 +556,8 @@ launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 
 
-# 7 min 53 s on 2 busy cores (2026-12-02 11:16-11:24 UTC): one engine start, 8 cells, 36 captured prompts.
+# About 2.5 min on this 2-core machine (fresh-clone CI run, 2026-12-02 15:30-15:33 UTC): one engine start, 8 cells
+# (12 s), 36 captured prompts; junit charges it the session campaign's setup too when it runs first.
 @pytest.mark.engine
 @pytest.mark.timeout(1200)
 def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path: Path) -> None:
