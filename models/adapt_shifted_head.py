@@ -34,16 +34,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "models"))
 sys.path.insert(0, str(REPO / "tasks" / "drafters"))
+sys.path.insert(0, str(REPO / "workloads"))
 
+import build_corpora  # noqa: E402  (the shifted stratum's files, windows and held-out rule)
 import head_worker  # noqa: E402
 import train as corpus  # noqa: E402
 import train_eagle3 as te  # noqa: E402
 
 TARGET = REPO / "models" / "tiny-target"
 PARENT = REPO / "models" / "tiny-eagle3"
-SHIFTED_DIRS = ("idlelib", "lib2to3", "turtledemo")
 EXTRA_OFFSETS = (325, 650, 975)
-WINDOW = 1300
 AUX = [1, 3, 5]
 DEFAULT_SWEEP = [
     {"tag": "lr3e-4", "lr": 3e-4, "steps": 300},
@@ -65,10 +65,6 @@ def held_out_by_id(example_id: str, share: float = 0.1) -> bool:  # tasks/drafte
     return hashlib.sha256(example_id.encode()).digest()[0] < 256 * share
 
 
-def file_is_held_out(rel: str) -> bool:  # workloads/build_corpora.py's rule for the shifted files
-    return hashlib.sha256(rel.encode()).digest()[0] < 256 * 0.2
-
-
 def chat_ids(tokenizer, messages) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
@@ -77,17 +73,17 @@ def chat_ids(tokenizer, messages) -> list[int]:
 def extra_windows(stdlib: Path, tokenizer) -> list[tuple[str, list[int]]]:
     rng = random.Random(7)
     out = []
-    for name in SHIFTED_DIRS:
+    for name in build_corpora.SHIFTED_DIRS:
         for path in sorted((stdlib / name).rglob("*.py")):
             rel = str(path.relative_to(stdlib))
-            if "test" in rel or file_is_held_out(rel):
+            if "test" in rel or build_corpora.shifted_is_held_out(rel):
                 continue
             ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)[
                 "input_ids"
             ]
             for offset in EXTRA_OFFSETS:
-                for start in range(offset, max(len(ids) - 600, 1), WINDOW):
-                    window = ids[start : start + WINDOW]
+                for start in range(offset, max(len(ids) - 600, 1), build_corpora.SHIFTED_WINDOW):
+                    window = ids[start : start + build_corpora.SHIFTED_WINDOW]
                     if len(window) < 300:
                         continue
                     request = rng.choice(corpus.SUMMARY_REQUESTS).format(code=tokenizer.decode(window))
