@@ -576,13 +576,17 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     new = derive_head(settings.engine_python, tmp_path / "permuted", "permute_lm_head")
     spec = tmp_path / "adapt.yaml"
     spec.write_text(E2E_SPEC)
-    doc = confirm_adaptation(
-        spec_path=str(spec),
-        new_head=str(new),
-        target_stratum="code",
-        repeats=2,
-        plain_from=demo_campaign["campaign_id"],
-    )
+
+    def confirm() -> dict:
+        return confirm_adaptation(
+            spec_path=str(spec),
+            new_head=str(new),
+            target_stratum="code",
+            repeats=2,
+            plain_from=demo_campaign["campaign_id"],
+        )
+
+    doc = confirm()
     assert doc["status"] == "ok", doc["error"]
     old_sha, new_sha = doc["old_head"]["sha256"], doc["new_head"]["sha256"]
     blocks = [Block(b["position"], b["repeat"], b["head"], b["stratum"]) for b in doc["schedule"]]
@@ -619,12 +623,6 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     page = Path(doc["report"]).read_text()
     assert "No stratum should get the adapted head: keep the old one." in page
     # the same confirmation again: its document is read back (nothing launched), ingested and reported again
-    again = confirm_adaptation(
-        spec_path=str(spec),
-        new_head=str(new),
-        target_stratum="code",
-        repeats=2,
-        plain_from=demo_campaign["campaign_id"],
-    )
+    again = confirm()
     assert again["adaptation_id"] == doc["adaptation_id"] and again["path"] == doc["path"]
     assert again["started_utc"] == doc["started_utc"] and Path(again["report"]).exists()
