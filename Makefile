@@ -9,10 +9,11 @@ ENGINE_VENV := .engine-venv
 ENGINE_PIP_ARGS ?=
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: demo test venvs venv engine system services lint clean-var help
+.PHONY: demo test venvs venv engine twin system services lint clean-var help
 
 help:
-	@echo "make demo   set up, then run the demo campaign on the embedded engine (plain, n-gram, draft model)"
+	@echo "make demo   set up, then run the decision loop on the embedded engine's cost twin: sweep, recommend,"
+	@echo "            verify the schedule by a launch, and print the speculation config to deploy"
 	@echo "make test   set up (venvs, system packages, services), then run the whole test suite"
 	@echo "make lint   ruff"
 
@@ -36,20 +37,27 @@ $(ENGINE_VENV)/.stamp:
 	$(ENGINE_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
+# The cost twin of tiny-target and of its EAGLE-3 head (models/build_twin.py): built from the committed weights
+# (about 900 MB, not committed), checked against their recorded sha256; rebuilt only when missing or changed.
+twin: models/twin-target/.stamp
+models/twin-target/.stamp: $(ENGINE_VENV)/.stamp models/build_twin.py models/tiny-target/model.safetensors models/tiny-eagle3/model.safetensors
+	$(ENGINE_VENV)/bin/python models/build_twin.py
+	touch $@
+
 system:
 	@bash tests/services/install-system.sh
 
 services: system venv
 	@bash tests/services/start.sh
 
-demo: venvs
+demo: venvs twin
 	$(VENV)/bin/specgauge demo
 
 # Two pytest-xdist workers: one runs the engine, SLURM and timing tests in order, the other the rest meanwhile
 # (tests/conftest.py). PYTEST_WORKERS=0: one process. PYTEST_ARGS: extra pytest arguments, e.g.
 # `make test PYTEST_ARGS="--junitxml=var/junit.xml"` (tests/README.md).
 PYTEST_WORKERS ?= 2
-test: venvs services
+test: venvs twin services
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: venv

@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
+from analysis.decision import decision_rule
 from analysis.speedup import gain, paired_ratio, speedup_table
 from analysis.stats import has_interval, interval_label
 from experiments.spec import Variant
@@ -236,6 +237,38 @@ def recommend(
     return sorted(out, key=lambda r: (r.workload, r.family))
 
 
+def predicted_gain(rec: Recommendation) -> float:
+    """What the schedule should give, from the sweep: the geometric mean over its loads of the best depth's
+    speedup where it drafts and 1 where it is off."""
+    logs = [math.log(c.speedup) if c.k > 0 else 0.0 for c in rec.choices]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def best_family(recommendations: list[Recommendation]) -> tuple[Recommendation, list[str]]:
+    """The one recommendation to deploy for a workload: one engine serves one method, so the family whose
+    schedule predicts the most (`predicted_gain`; ties to the first by family name). The notes say at which
+    loads another family measured higher than the chosen one's best depth."""
+    if not recommendations:
+        raise ValueError("no recommendation to choose from")
+    chosen = max(sorted(recommendations, key=lambda r: r.family), key=predicted_gain)
+    notes = []
+    for choice in chosen.choices:
+        rivals = [
+            (other.family, c)
+            for other in recommendations
+            if other is not chosen
+            for c in other.choices
+            if c.concurrency == choice.concurrency and c.speedup > max(choice.speedup, 1.0)
+        ]
+        if rivals:
+            family, best = max(rivals, key=lambda r: r[1].speedup)
+            notes.append(
+                f"C={choice.concurrency}: {family} at k={best.best_k} measured {best.speedup:.3f}x, above the "
+                f"chosen {chosen.family}'s {choice.speedup:.3f}x (one deployment serves one method)"
+            )
+    return chosen, notes
+
+
 # -- verification: the recommended schedule launched beside plain and the best fixed depth --------------------
 RECOMMENDED = "recommended"
 
@@ -263,10 +296,13 @@ def best_fixed_k(
     return int(scores["k"][0])
 
 
-def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -> dict[str, Any]:
+def verification_spec(
+    spec: dict[str, Any], rec: Recommendation, fixed_k: int, repeats: int | None = None
+) -> dict[str, Any]:
     """The campaign that checks a recommendation: plain, the best fixed depth and the recommended schedule,
     launched the same way, on the recommendation's workload at the source campaign's closed-loop loads, with
-    the source's repeats, captures (the schedule must be lossless too) and launcher."""
+    the source's captures (the schedule must be lossless too) and launcher, and `repeats` launches of each
+    (default: the source's)."""
     if rec.config is None:
         raise ValueError(f"{rec.family} on {rec.workload}: nothing to verify (speculation off at every load)")
     families = _families(spec)
@@ -299,6 +335,8 @@ def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -
         for key, value in spec.items()
         if key not in ("variants", "workloads", "load", "profile", "name", "description", "layouts")
     }
+    if repeats is not None:
+        out["repeats"] = repeats
     return {
         **out,
         "name": f"{spec['name']}-verify"[:48],
@@ -309,30 +347,83 @@ def verification_spec(spec: dict[str, Any], rec: Recommendation, fixed_k: int) -
     }
 
 
+def k_at(schedule: list[list[int]] | tuple | None, batch: int, top: int) -> int:
+    """The depth a schedule runs at `batch` (no schedule: the fixed `top`)."""
+    if not schedule:
+        return top
+    return next((int(k) for start, end, k in schedule if int(start) <= batch <= int(end)), 0)
+
+
 @dataclass(frozen=True)
 class Verdict:
+    """One load of a verification campaign: what the schedule claims there (k > 0: it beats plain; k = 0: it
+    is no worse than plain, within `tolerance`: the benefit rule's guardrail) and whether the launch confirmed or refuted that claim, from
+    the interval of its throughput over plain (paired per repeat). A claim is judged only on an interval of
+    positive width from at least two launches; anything less is inconclusive and says why."""
+
     concurrency: int
+    k: int
     over_plain: float
     over_plain_low: float | None
     over_plain_high: float | None
+    over_plain_interval: str
+    n_repeats: int
     over_fixed: float | None
     over_fixed_low: float | None
     over_fixed_high: float | None
-    beats_both: bool | None  # None: no interval to judge by
+    outcome: str  # confirmed | refuted | inconclusive
+    reason: str
+    tolerance: float
+
+    @property
+    def claim(self) -> str:
+        return "beats plain" if self.k > 0 else f"no worse than plain (within {self.tolerance:.0%})"
 
     def text(self) -> str:
         def span(estimate: float | None, low: float | None, high: float | None) -> str:
             if estimate is None:
                 return "–"
-            return f"{estimate:.3g}" + (f" [{low:.3g}, {high:.3g}]" if low is not None else " (no interval)")
+            return f"{estimate:.3g}x" + (f" [{low:.3g}, {high:.3g}]" if low is not None else " (no interval)")
 
-        verdict = {True: "beats both", False: "does not beat both", None: "untested (no interval)"}[
-            self.beats_both
-        ]
+        depth = f"k={self.k}" if self.k else "off"
         return (
-            f"C={self.concurrency}: over plain {span(self.over_plain, self.over_plain_low, self.over_plain_high)}, "
-            f"over the fixed depth {span(self.over_fixed, self.over_fixed_low, self.over_fixed_high)}: {verdict}"
+            f"C={self.concurrency} ({depth}, claims it {self.claim}): over plain "
+            f"{span(self.over_plain, self.over_plain_low, self.over_plain_high)} ({self.over_plain_interval}), "
+            f"over the fixed depth {span(self.over_fixed, self.over_fixed_low, self.over_fixed_high)}: "
+            f"{self.outcome.upper()}, {self.reason}"
         )
+
+
+def judge(
+    k: int, estimate: float, low: float | None, high: float | None, n: int, tolerance: float
+) -> tuple[str, str]:
+    """The outcome of one load's claim from its interval over plain (see Verdict)."""
+    if low is None or high is None or not high > low:
+        why = "one launch" if n < 2 else "a zero-width interval"
+        return "inconclusive", f"no interval to judge by ({why}, point {estimate:.3g}x)"
+    if k > 0:
+        if low > 1.0:
+            return "confirmed", f"the whole interval lies above 1 (from {low:.3g}x)"
+        if high < 1.0:
+            return "refuted", f"the whole interval lies below 1 (up to {high:.3g}x)"
+        return "inconclusive", f"the interval [{low:.3g}, {high:.3g}] holds 1"
+    floor = 1.0 - tolerance
+    if low >= floor:
+        return "confirmed", f"the interval lies above {floor:.2f} (from {low:.3g}x)"
+    if high < floor:
+        return "refuted", (
+            f"the schedule with speculation off runs below plain (up to {high:.3g}x): its engine keeps the "
+            "drafter and the settings speculation needs; deploy plain in this range"
+        )
+    return "inconclusive", f"the interval [{low:.3g}, {high:.3g}] holds {floor:.2f}"
+
+
+def overall(verdicts: list[Verdict]) -> str:
+    """confirmed when every load is, refuted when any load is, inconclusive otherwise (or with no load)."""
+    outcomes = {v.outcome for v in verdicts}
+    if "refuted" in outcomes:
+        return "refuted"
+    return "confirmed" if outcomes == {"confirmed"} else "inconclusive"
 
 
 def is_verification(data: CampaignData) -> bool:
@@ -343,12 +434,14 @@ def is_verification(data: CampaignData) -> bool:
 def verification(
     data: CampaignData, settings: AnalysisSettings | None = None, *, speedups: pl.DataFrame | None = None
 ) -> list[Verdict]:
-    """Per load of a verification campaign: the recommended schedule's throughput speedup over plain, and its
-    edge over the fixed depth (per-repeat ratios), each with its interval; it beats both where both intervals
-    lie above 1 (`speedups`: speedup_table's, when the caller has it already)."""
+    """Per load of a verification campaign: the recommended schedule's throughput speedup over plain and its
+    edge over the fixed depth (per-repeat ratios), each with its interval, and the outcome of what the
+    schedule claims at that load (`judge`) (`speedups`: speedup_table's, when the caller has it already)."""
     settings = settings or AnalysisSettings()
     table = speedup_table(data, settings) if speedups is None else speedups
     rows = gain(table, "throughput").filter(pl.col("load_mode") == "closed")
+    entry = next(e for e in data.spec.get("variants") or [] if e.get("name") == RECOMMENDED)
+    tolerance = decision_rule(data).guardrail
     out = []
     for (concurrency,), group in rows.sort("concurrency").group_by(["concurrency"], maintain_order=True):
         by_variant = {r["variant"]: r for r in group.to_dicts()}
@@ -357,23 +450,24 @@ def verification(
         if rec is None:
             continue
         edge = _edge(rec, fixed, settings) if fixed else (None, None, None, "", None)
-        over_plain_above = rec["ci_low"] > 1.0 if rec["ci_low"] is not None else None
-        over_fixed_above = edge[1] > 1.0 if edge[1] is not None else None
-        judged = (
-            None
-            if over_plain_above is None or over_fixed_above is None
-            else over_plain_above and over_fixed_above
-        )
+        k = k_at(entry.get("k_schedule"), int(concurrency), int(entry.get("k") or 0))
+        estimate, n = float(rec["estimate"]), int(rec["n_repeats"])
+        outcome, reason = judge(k, estimate, rec["ci_low"], rec["ci_high"], n, tolerance)
         out.append(
             Verdict(
                 int(concurrency),
-                float(rec["estimate"]),
+                k,
+                estimate,
                 rec["ci_low"],
                 rec["ci_high"],
+                str(rec["interval"]),
+                n,
                 edge[0],
                 edge[1],
                 edge[2],
-                judged,
+                outcome,
+                reason,
+                tolerance,
             )
         )
     return out

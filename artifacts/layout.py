@@ -15,6 +15,8 @@
     RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
     RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
+    RAW/<campaign_id>/decisions/<decision_id>.json                     DecisionDocument (tasks.decide)
+    RAW/<campaign_id>/promotions/<decision_id>.json                    PromotionDocument (tasks.promote)
     RAW/drafters/<drafter_id>/card.json, curve.parquet, head/          DrafterCard (tasks.drafters.training)
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta
                                            /breakdown.json             ProfileBreakdown (ok windows only)
@@ -50,6 +52,8 @@ PROFILES = "profiles"
 CAPACITY = "capacity"
 CALIBRATION = "calibration"
 ADAPTATIONS = "adaptations"
+DECISIONS = "decisions"
+PROMOTIONS = "promotions"
 BREAKDOWN = "breakdown.json"
 
 CELL_FILES = (META, SUMMARY, REQUESTS, GAUGES, METRICS_BEFORE, METRICS_AFTER)
@@ -245,6 +249,25 @@ def adaptation_file(directory: Path, adaptation_id: str) -> Path:
 
 def adaptation_files(directory: Path) -> list[Path]:
     return json_files(adaptations_dir(directory))
+
+
+# ------------------------------------------------------------------------------- decisions and promotions
+
+
+def decision_file(directory: Path, decision_id: str) -> Path:
+    return Path(directory) / DECISIONS / f"{decision_id}.json"
+
+
+def decision_files(directory: Path) -> list[Path]:
+    return json_files(Path(directory) / DECISIONS)
+
+
+def promotion_file(directory: Path, decision_id: str) -> Path:
+    return Path(directory) / PROMOTIONS / f"{decision_id}.json"
+
+
+def promotion_files(directory: Path) -> list[Path]:
+    return json_files(Path(directory) / PROMOTIONS)
 
 
 # ------------------------------------------------------------------------------------------------ profiles

@@ -95,6 +95,7 @@ COMMAND_MODULES: list[str] = [
     "analysis",
     "blocks",
     "campaign",
+    "decide",
     "drafters",
     "emulator",
     "gate",

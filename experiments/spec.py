@@ -479,6 +479,13 @@ class DecisionSpec(Strict):
         description="No other workload at that load may regress by more (its gain estimate below 1 - guardrail).",
     )
     min_success_rate: float = Field(default=0.99, gt=0, le=1)
+    verify_repeats: int = Field(
+        default=2,
+        ge=2,
+        le=20,
+        description="Launches of each arm (plain, the best fixed depth, the recommended schedule) when "
+        "`specgauge decide` verifies a recommendation: its intervals come from them.",
+    )
 
 
 class LocalLaunchSpec(Strict):

@@ -183,12 +183,16 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
     db = PlantedBuilder(tmp_path / "raw", spec=planted, plant=plant).build(tmp_path / "v.duckdb")
     with reader(db) as con:
         verdicts = {v.concurrency: v for v in verification(load_campaign(con), FAST)}
-    assert verdicts[1].beats_both is True  # k=4 alone: 2.0 over plain, 1.25 over the fixed k=2
-    assert verdicts[4].beats_both is False  # the schedule runs k=2 there: no edge over fixed k=2
-    assert (
-        verdicts[16].beats_both is False and verdicts[16].over_fixed > 1.1
-    )  # off beats k=2's 0.8, not plain
-    assert "beats both" in verdicts[1].text() and "does not beat both" in verdicts[4].text()
+    # k=4 alone at C=1: 2.0 over plain (confirmed), 1.25 over the fixed k=2
+    assert (verdicts[1].k, verdicts[1].outcome) == (4, "confirmed") and verdicts[1].over_fixed_low > 1
+    # the schedule runs k=2 at C=4: it beats plain (1.35), no edge over the fixed k=2
+    assert (verdicts[4].k, verdicts[4].outcome) == (2, "confirmed")
+    assert verdicts[4].over_fixed_low < 1 < verdicts[4].over_fixed_high
+    # off at C=16: 0.99 of plain, but its interval [0.92, 1.06] reaches below the 5% tolerance: not shown
+    # either way; it beats k=2's 0.8
+    assert (verdicts[16].k, verdicts[16].outcome) == (0, "inconclusive") and verdicts[16].over_fixed > 1.1
+    assert verdicts[16].over_plain_low < 0.95 < verdicts[16].over_plain_high
+    assert "CONFIRMED" in verdicts[1].text() and "INCONCLUSIVE, the interval" in verdicts[16].text()
     # the verification campaign's report gives the answer
     from analysis.run import analyze_campaign
 
@@ -202,7 +206,7 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
 def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Path, home: Path) -> None:
     from experiments.spec import load_spec
     from specgauge.errors import InputError
-    from tasks.verify import write_verification_spec
+    from tasks.decide import write_verification_spec
 
     path = write_verification_spec(None, None, surface_db)
     assert path.parent == home / "specs" and path.name.endswith("-verify-chat.yaml")

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from experiments.spec import ExperimentSpec
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
-DEMO_SPEC = "experiments/demo.yaml"
 WORK_POOL = "specgauge"
 
 
@@ -273,48 +272,18 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="The recommendation's workload (needed when there are several).")
         ] = None,
     ) -> None:
-        """Launch the recommended depth schedule (`specgauge recommend`) beside plain and the best fixed depth,
-        as a campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
-        the schedule beats both."""
-        from tasks.verify import verdicts_of, write_verification_spec
+        """Launch the recommended schedule (`specgauge recommend`) beside plain and the best fixed depth, as a
+        campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
+        the launch confirmed it: `specgauge decide --campaign ID`, the same flow."""
+        from cli.commands.decide import run_decide
+        from warehouse.db import reader
 
-        spec = write_verification_spec(campaign_id, workload)  # refuses before anything launches
-        console.print(f"verification spec: {spec}", markup=False)
-        result = run_campaign_cli(str(spec), None, True, True, True)
-        for line in verdicts_of(result["campaign_id"]):
-            console.print(line, markup=False)
+        if campaign_id is None:
+            from analysis.data import latest_campaign_id
 
-    @app.command("demo")
-    def demo_cmd() -> None:
-        """The main job on the embedded engine: plain vs n-gram vs draft model on the smoke corpus, then the
-        warehouse, the correctness gate, the offline tree/drafter simulation, charts and the report."""
-        # Analysis waits for the simulation, so that the one report it writes has the offline section.
-        result = run_campaign_cli(DEMO_SPEC, None, True, True, False)
-        from flows.simulate import simulate
-
-        # Served chains (k=3 of each method) are always replayed; add a tree per model drafter, an n-gram
-        # graft onto the EAGLE-3 tree and the two model drafters together. One model-worker process.
-        shapes = (
-            "tree:b=2:budget=8:depth=4@eagle3,tree:b=2:budget=8:depth=4@draft,"
-            "graft:b=2:budget=8:depth=4:k=3@eagle3+ngram,union:k=3@draft+eagle3"
-        )
-        try:
-            summary = simulate(campaign_id=result["campaign_id"], shapes=shapes)
-        except Exception as exc:  # the offline section is an extra: the demo's report must not hang on it
-            console.print(
-                f"the offline simulation failed ({exc}); the report has no section on it", markup=False
-            )
-            from flows.analyze import analyze
-
-            summary = {"report": analyze(campaign_id=result["campaign_id"])["report"]}
-        else:
-            console.print(
-                f"simulation {summary['simulation_id']}: {summary['validated']} served configurations "
-                f"validated ({'a miss: see the report' if summary['missed_target'] else 'all within 5%'}); "
-                f"{summary['cost_model'] or 'no cost model'}",
-                markup=False,
-            )
-        console.print(f"report: {summary['report']}", markup=False)
+            with reader() as con:
+                campaign_id = latest_campaign_id(con)
+        run_decide(None, campaign_id, None, workload)
 
     server_app = typer.Typer(
         help="The Prefect server, deployments and worker behind the UI.", no_args_is_help=True

@@ -1,0 +1,152 @@
+"""The decision from the command line: `specgauge decide` runs the decide flow (sweep, recommend, verify by a
+launch, verdict per load), `specgauge promote` signs a verified decision off; `specgauge demo` is the decide
+flow on the embedded engine's cost twin (experiments/decision.yaml)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+DECISION_SPEC = "experiments/decision.yaml"
+
+
+def _span(estimate: float | None, low: float | None, high: float | None) -> str:
+    if estimate is None:
+        return "–"
+    return f"{estimate:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None else " (no interval)")
+
+
+def decision_table(decision: dict[str, Any]) -> Table:
+    """The answer, one row per batch-size range: what to run there, what the sweep and the launch measured."""
+    title = f"decision {decision['decision_id']}: {decision['outcome'].upper()}"
+    caption = (
+        f"{decision['method']} on {decision['workload']}; speedup = output throughput over plain; launched: "
+        f"{decision['loads'][0]['n_repeats'] if decision['loads'] else 0} launches of each arm, "
+        f"{decision['confidence']:.0%} interval over launches"
+    )
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for name in ("batch", "run", "claim", "sweep", "launched", "vs fixed k", "verdict"):
+        table.add_column(name, overflow="fold")
+    for load in decision["loads"]:
+        table.add_row(
+            f"{load['batch_from']}-{load['batch_to']} (C={load['concurrency']})",
+            f"{decision['method']} k={load['k']}" if load["k"] else "off",
+            load["claim"],
+            _span(load["sweep_speedup"], None, None),
+            _span(load["over_plain"], load["over_plain_low"], load["over_plain_high"]),
+            _span(load["over_fixed"], load["over_fixed_low"], load["over_fixed_high"]),
+            f"{load['outcome']}: {load['reason']}",
+        )
+    return table
+
+
+def print_decision(result: dict[str, Any]) -> None:
+    """The flow's answer, last: the table, the config to deploy, the gate, the caveats, the report."""
+    decision = result["decision"]
+    console.print(decision_table(decision))
+    config = decision.get("speculative_config")
+    if config:
+        console.print("speculative config to deploy (vLLM --speculative-config):", markup=False)
+        console.print(json.dumps(config), markup=False, soft_wrap=True)
+    else:
+        console.print("speculation off at every measured load: deploy plain", markup=False)
+    for note in decision.get("caveats") or []:
+        console.print(f"- {note}", markup=False)
+    console.print(decision["summary"], markup=False)
+    console.print(f"report: {result['report']}", markup=False)
+    promotion = result.get("promotion") or {}
+    if promotion.get("promoted"):
+        console.print(f"promoted: {', '.join(promotion.get('files', []))}", markup=False)
+    elif decision.get("speculative_config"):
+        console.print(
+            f"not promoted: sign it off with `specgauge promote {decision['decision_id']} --approver NAME` "
+            "(or run the `decide` deployment in the UI, which pauses for the approval)",
+            markup=False,
+        )
+
+
+def run_decide(
+    spec: str | None, sweep_campaign_id: str | None, label: str | None, workload: str | None
+) -> dict[str, Any]:
+    """The decide flow without the UI's sign-off pause (a terminal has nobody to resume it)."""
+    from experiments.overrides import SpecOverrides, load_spec_with
+    from experiments.plan import plan_campaign, resolve_repo_path
+    from tasks.launch import check_launchable
+
+    if sweep_campaign_id is None:  # bad input refused before Prefect starts
+        path = resolve_repo_path(spec or DECISION_SPEC)
+        experiment = load_spec_with(path, SpecOverrides())
+        plan_campaign(experiment, label)
+        check_launchable(experiment, source=str(path))
+    from flows.decide import DecisionRequest, decide
+    from specgauge.progress import RichReporter, reporting
+
+    request = DecisionRequest.model_validate(
+        {
+            "spec": spec or DECISION_SPEC,
+            "sweep_campaign_id": sweep_campaign_id,
+            "label": label,
+            "workload": workload,
+            "sign_off": False,
+        }
+    )
+    with reporting(RichReporter()):
+        result = decide(request)
+    print_decision(result)
+    return result
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("decide")
+    def decide_cmd(
+        spec: Annotated[
+            str, typer.Argument(help="The sweep's experiment spec (YAML): variants at depths and loads.")
+        ] = DECISION_SPEC,
+        campaign: Annotated[
+            str | None,
+            typer.Option(help="Verify the recommendation of this finished campaign instead of sweeping."),
+        ] = None,
+        label: Annotated[
+            str | None, typer.Option(help="Run label: fresh campaigns instead of resuming.")
+        ] = None,
+        workload: Annotated[
+            str | None, typer.Option(help="The workload (stratum) to decide for, when the sweep has several.")
+        ] = None,
+    ) -> None:
+        """Decide whether and how to turn speculation on: run the sweep, recommend per batch-size range a
+        method and depth (or off), launch that schedule beside plain and the best fixed depth, and give per
+        load whether the launch confirmed or refuted it, with intervals. The decision goes to the warehouse
+        (`v_decision`) and the report; `specgauge promote` signs it off. Re-running resumes."""
+        run_decide(spec, campaign, label, workload)
+
+    @app.command("promote")
+    def promote_cmd(
+        decision_id: Annotated[str, typer.Argument(help='The decision (`specgauge sql "FROM v_decision"`).')],
+        approver: Annotated[str, typer.Option(help="Who signs off.")],
+        note: Annotated[str, typer.Option(help="Why, or what to watch.")] = "",
+        reject: Annotated[bool, typer.Option("--reject", help="Record a refusal instead.")] = False,
+    ) -> None:
+        """Sign a verified decision off: write the config files a team deploys (vLLM arguments, the
+        --speculative-config JSON, the spec variant, the SLURM and sml forms) under SPECGAUGE_HOME/promoted/
+        and record the promotion; the nightly regression runs the promoted config from then on."""
+        from tasks.promote import promote_decision
+
+        result = promote_decision(decision_id, not reject, approver, note, "cli")
+        if result.get("promoted"):
+            console.print(f"promoted {decision_id}: {', '.join(result['files'])}", markup=False)
+        else:
+            console.print(f"{decision_id}: {result.get('why', 'not promoted')}", markup=False)
+
+    @app.command("demo")
+    def demo_cmd() -> None:
+        """The main job on the embedded engine: the decision loop on the cost twin of the tiny target
+        (experiments/decision.yaml): sweep plain, n-gram, the draft model and EAGLE-3 at a few depths and
+        loads, recommend a schedule, verify it by a launch, and print the config to deploy with its verdict
+        per load, last."""
+        run_decide(DECISION_SPEC, None, None, None)

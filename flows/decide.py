@@ -1,0 +1,177 @@
+"""The decide flow: the decision loop, top to bottom.
+
+sweep (a campaign of the spec, or a finished one) -> recommend (per batch-size range a method and depth, or
+off: analysis.recommend) -> verify (a campaign launching plain, the best fixed depth and the recommended
+schedule the same way, `decision.verify_repeats` times each) -> decide (per load: what the schedule claims,
+what the launch measured, confirmed / refuted / inconclusive; written once, ingested, in the report) ->
+sign off (in the UI: the run pauses for a person's approval, typed input) -> promote (the config files a team
+deploys; the nightly regression runs the promoted config).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from prefect import flow, get_run_logger, pause_flow_run, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.input import RunInput
+from pydantic import BaseModel, Field
+
+from flows.analyze import analyze as analyze_flow
+from flows.campaign import ExperimentFile, campaign
+from flows.ingest import ingest as ingest_flow
+from specgauge.settings import get_settings
+from tasks.decide import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
+from warehouse.db import reader
+
+DECISION_SPEC = ExperimentFile("experiments/decision.yaml")
+
+
+class DecisionRequest(BaseModel):
+    """What to decide: the run form of the `decide` deployment (each field's description is its help)."""
+
+    spec: ExperimentFile = Field(
+        default=DECISION_SPEC, description="The sweep's experiment spec, from the repo's experiments/ folder."
+    )
+    sweep_campaign_id: str | None = Field(
+        default=None,
+        description="Verify the recommendation of this finished campaign instead of running the spec's sweep.",
+    )
+    label: str | None = Field(default=None, description="A run label: fresh campaigns instead of resuming.")
+    workload: str | None = Field(
+        default=None, description="The workload (stratum) to decide for, when the sweep measured several."
+    )
+    sign_off: bool = Field(
+        default=True,
+        description="Pause for a person's approval before the verified config is promoted (the nightly "
+        "regression runs the promoted config). Off: the decision is recorded, nothing is promoted.",
+    )
+    sign_off_timeout_s: int = Field(
+        default=7 * 24 * 3600, gt=0, description="How long the run waits for the approval before it fails."
+    )
+
+
+class Approval(RunInput):
+    """A person's answer to a verified decision (the form the paused run shows)."""
+
+    approve: bool = Field(description="Promote this config: the nightly regression runs it from now on.")
+    approver: str = Field(min_length=1, description="Who signs off (name or handle).")
+    note: str = Field(default="", description="Why, or what to watch.")
+
+
+def spec_value(spec: ExperimentFile | str) -> str:
+    return spec.value if isinstance(spec, Enum) else str(spec)
+
+
+@task(name="recommend", cache_policy=NO_CACHE)
+def recommend_task(campaign_id: str, workload: str | None) -> VerificationPlan:
+    plan = plan_verification(campaign_id, workload)
+    if plan.spec is not None:
+        write_spec(plan)
+    logger = get_run_logger()
+    rec = plan.recommendation
+    logger.info("recommended %s on %s: schedule %s", rec.family, rec.workload, rec.schedule)
+    for note in plan.notes:
+        logger.info("%s", note)
+    return plan
+
+
+@task(name="decision", cache_policy=NO_CACHE)
+def decision_task(plan: VerificationPlan, campaign_id: str) -> dict[str, Any]:
+    from analysis.data import load_campaign
+
+    with reader() as con:
+        data = load_campaign(con, campaign_id)
+    doc = decision_of(plan, data)
+    path = write_decision(doc)
+    get_run_logger().info("decision %s: %s", doc.decision_id, doc.summary)
+    create_markdown_artifact(
+        key=f"decision-{doc.decision_id}".lower().replace("_", "-").replace(".", "-"),
+        markdown=decision_markdown(doc.model_dump(mode="json")),
+        description=doc.summary,
+    )
+    return {"decision_id": doc.decision_id, "path": str(path), **doc.model_dump(mode="json")}
+
+
+def decision_markdown(doc: dict[str, Any]) -> str:
+    """The decision as the run's artifact and the sign-off form's description."""
+    lines = [
+        f"# Decision {doc['decision_id']}: {doc['outcome'].upper()}",
+        "",
+        doc["summary"],
+        "",
+        "| batch sizes | k | claim | sweep | launched: over plain | over fixed depth | outcome |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for load in doc["loads"]:
+
+        def span(x: float | None, lo: float | None, hi: float | None) -> str:
+            if x is None:
+                return "–"
+            return f"{x:.3f}x" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else " (no interval)")
+
+        lines.append(
+            f"| {load['batch_from']}-{load['batch_to']} (C={load['concurrency']}) | {load['k'] or 'off'} | "
+            f"{load['claim']} | {span(load['sweep_speedup'], None, None)} | "
+            f"{span(load['over_plain'], load['over_plain_low'], load['over_plain_high'])} | "
+            f"{span(load['over_fixed'], load['over_fixed_low'], load['over_fixed_high'])} | "
+            f"{load['outcome']}: {load['reason']} |"
+        )
+    if doc.get("speculative_config"):
+        import json
+
+        lines += ["", "`--speculative-config`:", "", "```json", json.dumps(doc["speculative_config"]), "```"]
+    lines += ["", *(f"- {note}" for note in doc.get("caveats") or [])]
+    return "\n".join(lines)
+
+
+@task(name="promote", cache_policy=NO_CACHE)
+def promote_task(decision: dict[str, Any], approval: Approval | None, via: str) -> dict[str, Any]:
+    from tasks.promote import promote_decision
+
+    if approval is None:
+        return {"promoted": False, "why": "no sign-off asked (sign_off off)"}
+    return promote_decision(decision["decision_id"], approval.approve, approval.approver, approval.note, via)
+
+
+def sign_off(decision: dict[str, Any], timeout_s: int) -> Approval:
+    """Pause the run until a person answers in the UI (Prefect's typed run input)."""
+    get_run_logger().info("waiting for a sign-off of %s (resume the run in the UI)", decision["decision_id"])
+    return pause_flow_run(
+        wait_for_input=Approval.with_initial_data(
+            description=decision_markdown(decision), approve=False, approver="", note=""
+        ),
+        timeout=timeout_s,
+        key=f"sign-off-{decision['decision_id']}",
+    )
+
+
+@flow(name="decide", log_prints=True)
+def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
+    """Decide whether and how to turn speculative decoding on: sweep, recommend, verify the schedule by a
+    launch, record the verdict per load, and (with sign-off) promote the config after a person's approval."""
+    request = request or DecisionRequest()
+    sweep_id = (
+        request.sweep_campaign_id
+        or campaign(spec_path=spec_value(request.spec), label=request.label)["campaign_id"]
+    )
+    plan = recommend_task(sweep_id, request.workload)
+    campaign_id = sweep_id
+    if plan.spec_path is not None:  # speculation on somewhere: launch the schedule
+        campaign_id = campaign(spec_path=str(plan.spec_path), label=request.label, analyze=False)[
+            "campaign_id"
+        ]
+    decision = decision_task(plan, campaign_id)
+    ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
+    report = analyze_flow(campaign_id=campaign_id)["report"]
+    approval = sign_off(decision, request.sign_off_timeout_s) if request.sign_off and plan.spec else None
+    promotion = promote_task(decision, approval, via="prefect-ui")
+    return {
+        "sweep_campaign_id": sweep_id,
+        "campaign_id": campaign_id,
+        "decision": decision,
+        "report": report,
+        "promotion": promotion,
+    }
