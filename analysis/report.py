@@ -275,6 +275,60 @@ def verification_section(verdicts: list) -> Section:
     return Section("verification", "Does the recommended schedule pay?", intro + f"<ul>{items}</ul>")
 
 
+def decision_section(decision: pl.DataFrame) -> Section:
+    """The decision this verification campaign holds (v_decision: tasks.decide): per batch-size range what to
+    run, what the sweep measured, what the launch of the schedule measured, and the verdict, first in the
+    report because it is the answer."""
+    first = decision.row(0, named=True)
+    config = first["speculative_config"]
+    intro = (
+        f"<p><b>{html.escape(first['outcome'].upper())}</b>: {html.escape(first['summary'])}</p>"
+        '<p class="note">The sweep (campaign '
+        f"<code>{html.escape(first['source_campaign_id'])}</code>) recommended a depth per batch-size range "
+        "for one method (one deployment serves one method); this campaign launched that schedule beside plain "
+        f"and the best fixed depth (k={first['fixed_k']}) the same way. Per load the schedule claims to beat "
+        "plain where it drafts and to be no worse than plain (within "
+        f"{first['tolerance']:.0%}) where it is off; the claim is confirmed or refuted only by an interval of "
+        "the throughput ratio over launches that lies wholly on one side, and is inconclusive otherwise.</p>"
+    )
+    if config:
+        intro += (
+            f"<p>Config to deploy (<code>--speculative-config</code>): <code>{html.escape(config)}</code></p>"
+        )
+    if first["approved"] is not None:
+        intro += (
+            f"<p>Sign-off: {'approved' if first['approved'] else 'refused'} by {html.escape(first['approver'])} "
+            f"({first['promoted_utc']}).</p>"
+        )
+    table = html_table(
+        decision,
+        [
+            Column("batch sizes", lambda r: f"{r['batch_from']}-{r['batch_to']} (C={r['concurrency']})"),
+            Column("run", lambda r: f"k={r['k']}" if r["k"] else "off"),
+            col("claim"),
+            col("sweep_speedup", "sweep speedup"),
+            Column(
+                "launched: over plain",
+                lambda r: fmt_interval(
+                    r["over_plain"], r["over_plain_low"], r["over_plain_high"], r["over_plain_interval"]
+                ),
+            ),
+            col("n_repeats", "n"),
+            Column(
+                "over fixed depth",
+                lambda r: fmt_interval(r["over_fixed"], r["over_fixed_low"], r["over_fixed_high"], None),
+            ),
+            col("load_outcome", "verdict", str),
+            col("reason", fmt=str),
+        ],
+        row_class=lambda r: "win" if r["load_outcome"] == "confirmed" else "",
+        empty="no load measured",
+    )
+    caveats = json.loads(first["caveats"]) if first["caveats"] else []
+    notes = "".join(f"<li>{html.escape(c)}</li>" for c in caveats)
+    return Section("decision", "The decision", intro + table + (f"<ul>{notes}</ul>" if notes else ""))
+
+
 def recommendation_section(recommendations: list) -> Section:
     """Which depth at which load (analysis.recommend): per drafter and workload, the schedule, the evidence
     behind each range and the --speculative-config to deploy."""
@@ -551,7 +605,8 @@ def campaign_sections(
         for r in wins.iter_rows(named=True)
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in results.notes)
-    sections = [
+    sections = [decision_section(results.decision)] if not results.decision.is_empty() else []
+    sections += [
         Section(
             "verdict",
             "Verdict and decision rule",

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 
 from analysis import charts as ch
@@ -71,6 +72,7 @@ class Results:
     break_even: pl.DataFrame = field(default_factory=pl.DataFrame)  # synthetic runs; report only
     searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity searches; report only
     verdicts: list[Verdict] = field(default_factory=list)  # a verification campaign's; report only
+    decision: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_decision of this campaign; report only
     validity: pl.DataFrame = field(default_factory=pl.DataFrame)  # one row: A/A, spread, client error
     confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
     tree_sim: TreeSim | None = None  # the latest simulation (analysis/simulate); report only
@@ -197,6 +199,15 @@ class AnalysisResult:
         }
 
 
+def load_decision(con: duckdb.DuckDBPyConnection, campaign_id: str) -> pl.DataFrame:
+    """The campaign's latest decision, one row per load (v_decision; empty when it holds none)."""
+    return con.sql(
+        "SELECT * FROM v_decision WHERE campaign_id = ? AND decision_id = (SELECT decision_id FROM decisions "
+        "WHERE campaign_id = ? ORDER BY created_utc DESC, decision_id DESC LIMIT 1) ORDER BY concurrency",
+        params=[campaign_id, campaign_id],
+    ).pl()
+
+
 def analyze_campaign(
     campaign_id: str | None = None,
     db_path: Path | str | None = None,
@@ -217,10 +228,12 @@ def analyze_campaign(
         data = load_campaign(con, campaign_id)
         latencies = latency_quantiles(con, data.campaign_id)
         tree_sim = load_tree_sim(con, data.campaign_id)
+        decision = load_decision(con, data.campaign_id)
     # An adaptive campaign stopped on intervals at a corrected level: report those, so they keep coverage.
     settings = settings or AnalysisSettings(confidence=report_confidence(data.spec))
     results = compute(data, settings)
     results.tree_sim = tree_sim
+    results.decision = decision
     rule = decision_rule(data)
     analysis_id = f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
     folder = Path(reports_dir or get_settings().reports_dir) / data.campaign_id

@@ -15,7 +15,8 @@ from prefect.events import emit_event
 REGRESSION_DETECTED = "specgauge.regression.detected"
 REGRESSION_FAILED = "specgauge.regression.failed"
 CAMPAIGN_INVALID = "specgauge.campaign.invalid"
-ALERT_EVENTS = (REGRESSION_DETECTED, REGRESSION_FAILED, CAMPAIGN_INVALID)
+PROMOTED_REGRESSED = "specgauge.promoted.regressed"  # the promoted config stopped beating plain
+ALERT_EVENTS = (REGRESSION_DETECTED, REGRESSION_FAILED, CAMPAIGN_INVALID, PROMOTED_REGRESSED)
 
 AUTOMATION_NAME = "specgauge-alerts"
 WEBHOOK_BLOCK_NAME = "specgauge-alerts"

@@ -168,6 +168,8 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     report = analyze_flow(campaign_id=campaign_id)["report"]
     approval = sign_off(decision, request.sign_off_timeout_s) if request.sign_off and plan.spec else None
     promotion = promote_task(decision, approval, via="prefect-ui")
+    if approval is not None:  # the answer is a raw artifact too: v_decision shows who signed off
+        ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
     return {
         "sweep_campaign_id": sweep_id,
         "campaign_id": campaign_id,

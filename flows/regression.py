@@ -18,7 +18,7 @@ from analysis.run import report_path
 from analysis.serve import report_url
 from experiments.plan import resolve_repo_path
 from experiments.spec import load_spec
-from flows.alerts import REGRESSION_DETECTED, REGRESSION_FAILED, alert
+from flows.alerts import PROMOTED_REGRESSED, REGRESSION_DETECTED, REGRESSION_FAILED, alert
 from flows.campaign import campaign
 from specgauge.provenance import utc_stamp
 from specgauge.settings import get_settings
@@ -87,7 +87,7 @@ def _alert_failed_run(flow, flow_run, state) -> None:
     """on_failure/on_crashed hook of the regression flow: a run that ended without a verdict (a launch that
     failed, a crash) tells someone too; a detected regression has already said more."""
     message = state.message or state.name
-    if REGRESSED in message:
+    if REGRESSED in message or LOST in message:
         return
     spec = flow_run.parameters.get("spec", "experiments/nightly.yaml")
     alert(
@@ -99,6 +99,53 @@ def _alert_failed_run(flow, flow_run, state) -> None:
     )
 
 
+LOST = "stopped beating plain"  # in the Failed message of a promoted config that lost
+
+
+@flow(name="promoted-check")
+def promoted_check(label: str | None = None) -> Any:
+    """Re-run the verification of the latest promoted decision (plain, the best fixed depth and the promoted
+    schedule, launched as when it was verified) and end Failed, with an alert, when the schedule no longer
+    beats plain at a load where it drafts (its point estimate below 1, or the interval wholly below)."""
+    from tasks.decide import read_decision, verdicts_of
+    from tasks.promote import latest_promoted_decision
+
+    logger = get_run_logger()
+    decision_id = latest_promoted_decision(get_settings().home)
+    if decision_id is None:
+        logger.info("no promoted config: nothing to check")
+        return {"decision_id": None, "lost": []}
+    _, decision = read_decision(decision_id)
+    result = campaign(spec_path=decision.verification_spec, label=label or utc_stamp(), gate=False)
+    verdicts = verdicts_of(result["campaign_id"])
+    lost = [v for v in verdicts if v.k > 0 and (v.outcome == "refuted" or v.over_plain < 1.0)]
+    create_markdown_artifact(
+        key=f"promoted-{decision_id}".lower().replace("_", "-").replace(".", "-"),
+        markdown="\n".join(
+            [f"# Promoted {decision_id}: {len(lost)} load(s) lost", *(f"- {v.text()}" for v in verdicts)]
+        ),
+        description=f"the promoted config re-verified in {result['campaign_id']}",
+    )
+    outcome = {
+        "decision_id": decision_id,
+        "campaign_id": result["campaign_id"],
+        "lost": [v.text() for v in lost],
+    }
+    if not lost:
+        logger.info("the promoted %s still beats plain where it drafts", decision_id)
+        return outcome
+    summary = "; ".join(v.text() for v in lost)
+    alert(
+        PROMOTED_REGRESSED,
+        result["campaign_id"],
+        title=f"the promoted config {decision_id} {LOST} at {len(lost)} load(s)",
+        summary=summary,
+        report=report_url(report) if (report := report_path(result["campaign_id"])).exists() else None,
+        decision_id=decision_id,
+    )
+    return Failed(message=f"promoted {decision_id} {LOST}: {summary}", data=outcome)
+
+
 @flow(name="regression", on_failure=[_alert_failed_run], on_crashed=[_alert_failed_run])
 def regression(
     spec: str = "experiments/nightly.yaml",
@@ -106,7 +153,8 @@ def regression(
     tolerance: float = 0.10,
     reference: str | None = None,
 ) -> Any:
-    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run.
+    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run; then
+    re-verify the promoted speculation config, if one was signed off (`promoted-check`).
 
     Args:
         spec: The regression spec (repo-relative or absolute on the worker's machine).
@@ -116,7 +164,10 @@ def regression(
         reference: The campaign to compare with. Empty: the spec's stored reference (the first run).
     """
     experiment = load_spec(resolve_repo_path(spec))
-    result = campaign(spec_path=spec, label=label or utc_stamp(), gate=False)
-    return regression_check(
+    stamp = label or utc_stamp()
+    result = campaign(spec_path=spec, label=stamp, gate=False)
+    check = regression_check(
         result["campaign_id"], experiment.name, reference=reference, tolerance=tolerance, return_state=True
     )
+    promoted = promoted_check(label=stamp, return_state=True)
+    return check if check.is_failed() else promoted

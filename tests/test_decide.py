@@ -4,11 +4,25 @@ flow's run form, and the whole flow on the emulator with its sign-off pause resu
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
+from analysis_fixtures import PlantedBuilder, profile
+from warehouse_fixtures import make_spec
 
 from analysis.recommend import LoadChoice, Recommendation, best_family, judge, k_at, overall
+from experiments.spec import DecisionSpec
+
+EAGLE = {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"}
+SWEEP = {"c1": 1.5, "c4": 0.8}  # the planted sweep's TPOT speedup of EAGLE-3 k=3 by load
+
+
+def plant_sweep(variant: str, repeat: int, workload: str, load: str):
+    if variant == "plain":
+        return profile(0.020, None)
+    return profile(0.020 / SWEEP[load], 0.5, tokens_per_chunk=2.5)
 
 
 def verdict(outcome: str):
@@ -53,7 +67,9 @@ def test_a_schedule_gives_the_depth_of_its_range() -> None:
 
 
 def choice(c: int, k: int, speedup: float) -> LoadChoice:
-    return LoadChoice(c, k if speedup >= 1 else 0, k, speedup, None, None, "n=1", None, None, None, None, "", None)
+    return LoadChoice(
+        c, k if speedup >= 1 else 0, k, speedup, None, None, "n=1", None, None, None, None, "", None
+    )
 
 
 def rec(family: str, *choices: LoadChoice) -> Recommendation:
@@ -82,10 +98,157 @@ def test_the_decide_forms_fields_have_their_descriptions_and_the_spec_select() -
 
     schema = decide.parameters.model_dump()
     request = schema["definitions"]["DecisionRequest"]["properties"]
-    assert set(request) == {"spec", "sweep_campaign_id", "label", "workload", "sign_off", "sign_off_timeout_s"}
+    assert set(request) == {
+        "spec",
+        "sweep_campaign_id",
+        "label",
+        "workload",
+        "sign_off",
+        "sign_off_timeout_s",
+    }
     assert all(field.get("description") for field in request.values())
     assert request["spec"]["default"] == "experiments/decision.yaml"
     choices = schema["definitions"]["ExperimentFile"]["enum"]
     assert "experiments/decision.yaml" in choices and "experiments/demo.yaml" in choices
     approval = Approval.model_json_schema()["properties"]
     assert set(approval) == {"approve", "approver", "note"} and approval["approver"]["description"]
+
+
+def test_the_decide_flow_verifies_by_launch_records_the_verdict_and_waits_for_a_sign_off(
+    prefect_harness: None, home: Path, emulator
+) -> None:
+    """The whole flow against a sweep already in the warehouse (planted: EAGLE-3 pays at C=1 and loses at
+    C=4), verified for real on the emulator behind the endpoint launcher: the verification campaign launches
+    plain, the fixed depth and the schedule, the decision is written once and is in v_decision and the
+    report, and the run pauses until a person's typed answer resumes it; the approval writes the config."""
+    import threading
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+
+    from experiments.spec import EndpointLaunchSpec, TargetSpec
+    from flows.decide import DecisionRequest, decide
+    from warehouse.db import reader
+
+    spec = make_spec(
+        "sweep",
+        repeats=1,
+        concurrencies=(1, 4),
+        requests=4,
+        warmup=0,
+        variants=[{"name": "plain", "method": "none"}, EAGLE],
+    ).model_copy(
+        update={
+            "target": TargetSpec(model="emulated", served_model_name="emulated"),
+            "launcher": EndpointLaunchSpec(base_url=emulator.url),
+            "decision": DecisionSpec(verify_repeats=2),
+        }
+    )
+    sweep = PlantedBuilder(home / "raw", spec=spec, plant=plant_sweep).build(home / "warehouse.duckdb")
+    with reader(sweep) as con:
+        (sweep_id,) = con.execute("SELECT campaign_id FROM campaigns").fetchone()
+
+    out: dict = {}
+    runner = threading.Thread(
+        target=lambda: out.update(result=decide(DecisionRequest(sweep_campaign_id=sweep_id, sign_off=True)))
+    )
+    runner.start()
+    paused = None
+    deadline = time.monotonic() + 240
+    while paused is None and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(1)
+        with get_client(sync_client=True) as client:
+            found = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))
+                )
+            )
+        paused = found[0] if found else None
+    assert paused is not None, "the decide run never paused for its sign-off"
+
+    with reader() as con:  # the decision is in the warehouse before anyone signs it off
+        rows = con.execute(
+            "SELECT decision_id, k, load_outcome, n_repeats, approved FROM v_decision ORDER BY concurrency"
+        ).fetchall()
+    assert [(k, n) for _, k, _, n, _ in rows] == [(3, 2), (0, 2)] and rows[0][4] is None
+    decision_id = rows[0][0]
+    resume_flow_run(paused.id, run_input={"approve": True, "approver": "on-call", "note": "ship it"})
+    runner.join(timeout=120)
+    result = out["result"]
+
+    decision = result["decision"]
+    assert decision["decision_id"] == decision_id and decision["source_campaign_id"] == sweep_id
+    assert decision["schedule"] == [[1, 2, 3], [3, 256, 0]]  # on alone, off from batch 3
+    assert decision["outcome"] in ("confirmed", "refuted", "inconclusive")
+    assert {load["outcome"] for load in decision["loads"]} <= {"confirmed", "refuted", "inconclusive"}
+    with reader() as con:
+        variants = {
+            v
+            for (v,) in con.execute(
+                "SELECT DISTINCT variant FROM v_cells WHERE campaign_id = ?", [result["campaign_id"]]
+            ).fetchall()
+        }
+        approved = con.execute("SELECT DISTINCT approved, approver FROM v_decision").fetchall()
+    assert variants == {"plain", "fixed-k3", "recommended"}  # measured cells of the launch, not planted
+    assert approved == [(True, "on-call")]
+    promotion = result["promotion"]
+    assert promotion["promoted"] and any(f.endswith("speculative-config.json") for f in promotion["files"])
+    served = json.loads((home / next(f for f in promotion["files"] if f.endswith(".json"))).read_text())
+    assert served["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 256, 0]]
+    assert "The decision" in Path(result["report"]).read_text()
+
+
+TWIN_SWEEP = """
+name: twin-sweep
+target: {model: models/twin-target, served_model_name: twin, max_model_len: 2048, dtype: float32, seed: 0}
+variants:
+  - {name: plain, method: none}
+  - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/twin-eagle3}
+workloads: [{file: workloads/smoke.jsonl, strata: [code]}]
+load: {concurrencies: [1, 8], requests: 8, warmup: 1, request_timeout_s: 120}
+sampling: {temperature: 0.0, seed: 0}
+repeats: 1
+capture: {enabled: false}
+launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
+"""
+
+
+# Eight engine starts of the cost twin (two for the sweep, three arms x two launches for the verification):
+# about 8 minutes on this 2-core machine.
+@pytest.mark.engine
+@pytest.mark.timeout(1800)
+def test_the_decision_loop_on_the_cost_twin(
+    prefect_harness: None, home: Path, engine_lock: None, tmp_path: Path
+):
+    """On the embedded engine's cost twin a sweep recommends speculation at low load (not "off" everywhere),
+    and the verification campaign launches that schedule beside plain and the fixed depth and stores a
+    verdict per load from its measured cells."""
+    from flows.campaign import campaign
+    from flows.decide import DecisionRequest, decide
+    from warehouse.db import reader
+
+    spec = tmp_path / "twin-sweep.yaml"
+    spec.write_text(TWIN_SWEEP)
+    sweep = campaign(spec_path=str(spec), gate=False)
+    result = decide(DecisionRequest(sweep_campaign_id=sweep["campaign_id"], sign_off=False))
+    decision = result["decision"]
+    assert decision["speculative_config"]["method"] == "eagle3"
+    assert any(k > 0 for _, _, k in decision["schedule"]), decision["schedule"]  # not off everywhere
+    with reader() as con:
+        rows = con.execute(
+            "SELECT concurrency, k, over_plain, over_plain_low, n_repeats, load_outcome FROM v_decision "
+            "WHERE campaign_id = ? ORDER BY concurrency",
+            [result["campaign_id"]],
+        ).fetchall()
+        measured = con.execute(
+            "SELECT variant, count(*) FROM v_cells WHERE campaign_id = ? GROUP BY ALL "
+            "ORDER BY variant",
+            [result["campaign_id"]],
+        ).fetchall()
+    assert measured == [("fixed-k3", 4), ("plain", 4), ("recommended", 4)]  # 2 loads x 2 launches each
+    assert [r[0] for r in rows] == [1, 8] and all(r[4] == 2 and r[2] > 0 for r in rows)
+    assert rows[0][1] == 3  # drafting at C=1, where the twin's step is bound by its weights
+    assert all(r[5] in ("confirmed", "refuted", "inconclusive") for r in rows)

@@ -258,3 +258,30 @@ LEFT JOIN adaptation_comparisons thr
 LEFT JOIN adaptation_comparisons tpot
     ON tpot.adaptation_key = v.adaptation_key AND tpot.stratum = v.stratum AND tpot.load_label = v.load_label
     AND tpot.metric = 'tpot_p50';
+
+-- One row per decision and measured load (flows/decide.py, artifacts/decisions.py): the per-batch-size
+-- schedule recommended from a sweep (source_campaign_id), what it claims at each load (k; 0: speculation off
+-- there), what the verification launch measured (its throughput over plain and over the best fixed depth
+-- fixed_k, with intervals over repeats), the load's verdict (`load_outcome`, `reason`) beside the decision's
+-- (`outcome`), and the person's answer if there is one (the latest promotion: `approved`, `approver`,
+-- `promoted_utc`; null: not answered yet). A decision with no load has one row with a null concurrency.
+CREATE OR REPLACE VIEW v_decision AS
+WITH promoted AS (
+    SELECT * FROM promotions
+    QUALIFY row_number() OVER (
+        PARTITION BY campaign_id, decision_id ORDER BY decided_utc DESC, promotion_key DESC
+    ) = 1
+)
+SELECT
+    d.campaign_id, d.decision_id, d.source_campaign_id, d.workload, d.family, d.method, d.outcome,
+    l.concurrency, l.batch_from, l.batch_to, l.k, l.claim, l.outcome AS load_outcome, l.reason,
+    l.sweep_speedup, l.sweep_interval,
+    l.over_plain, l.over_plain_low, l.over_plain_high, l.over_plain_interval, l.n_repeats,
+    l.over_fixed, l.over_fixed_low, l.over_fixed_high,
+    d.fixed_k, d.tolerance, d.confidence, d.schedule, d.speculative_config, d.verification_spec,
+    d.summary, d.caveats, d.created_utc,
+    p.approved, p.approver, p.decided_utc AS promoted_utc
+FROM decisions d
+LEFT JOIN decision_loads l ON l.decision_key = d.decision_key
+LEFT JOIN promoted p ON p.campaign_id = d.campaign_id AND p.decision_id = d.decision_id
+ORDER BY d.campaign_id, d.created_utc, d.decision_id, l.concurrency;

@@ -20,7 +20,7 @@ from tasks.drafters.engine_side import EXTENSION_FILE
 from tasks.launch.base import Deployment, tail
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import hot_swap_env, served_name, vllm_args
-from tasks.launch.config import SAFE_NAME
+from tasks.launch.config import SAFE_NAME, ClusterConfig
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, submit
 from tasks.launch.slurm_script import JOB_PORT, render_prefix, render_script, with_layout_gpus
@@ -46,6 +46,47 @@ def node_address(shell: Shell, log_text: str, job_id: str, node: str | None) -> 
     return match.group(1) if match else node
 
 
+def engine_command(cluster: ClusterConfig, target: TargetSpec, variant: Variant) -> list[str]:
+    """The engine's command line in the job: the cluster's engine command and vLLM's arguments."""
+    args = vllm_args(
+        target,
+        variant,
+        served_model_name=served_name(target, variant),
+        host="0.0.0.0",
+        port=cluster.port or JOB_PORT,
+    )
+    return [*shlex.split(cluster.engine_command), *args]
+
+
+def job_name_of(deployment_id: str) -> str:
+    return f"specgauge-{deployment_id}"
+
+
+def job_script(
+    cluster: ClusterConfig,
+    target: TargetSpec,
+    variant: Variant,
+    *,
+    deployment_id: str,
+    run_dir: str,
+    launch_prefix: str = "",
+    swap_env: dict[str, str] | None = None,
+    node: str | None = None,
+) -> str:
+    """The batch script of one deployment (pure: the launcher stages and submits it; tasks.promote writes it
+    for a team to deploy)."""
+    return render_script(
+        deployment_id=deployment_id,
+        job_name=job_name_of(deployment_id),
+        run_dir=run_dir,
+        cluster=with_layout_gpus(cluster, target),
+        engine_command=engine_command(cluster, target, variant),
+        env={"PYTHONUNBUFFERED": "1", **cluster.env, **target.env, **(swap_env or {})},
+        launch_prefix=launch_prefix,
+        node=node,
+    )
+
+
 @register
 class SlurmLauncher(ClusterJobLauncher):
     """Launch each deployment as a SLURM batch job."""
@@ -54,14 +95,7 @@ class SlurmLauncher(ClusterJobLauncher):
     spec_class = SlurmLaunchSpec
 
     def engine_command(self, target: TargetSpec, variant: Variant) -> list[str]:
-        args = vllm_args(
-            target,
-            variant,
-            served_model_name=served_name(target, variant),
-            host="0.0.0.0",
-            port=self.cluster.port or JOB_PORT,
-        )
-        return [*shlex.split(self.cluster.engine_command), *args]
+        return engine_command(self.cluster, target, variant)
 
     def launch(
         self, target: TargetSpec, variant: Variant, *, deployment_id: str, directory: Path
@@ -101,15 +135,15 @@ class SlurmLauncher(ClusterJobLauncher):
                 **hot_swap_env(variant),
                 "PYTHONPATH": ":".join(p for p in (run_dir, pythonpath) if p),
             }
-        job_name = f"specgauge-{deployment_id}"
-        script = render_script(
+        job_name = job_name_of(deployment_id)
+        script = job_script(
+            self.cluster,
+            target,
+            variant,
             deployment_id=deployment_id,
-            job_name=job_name,
             run_dir=run_dir,
-            cluster=with_layout_gpus(self.cluster, target),
-            engine_command=command,
-            env={"PYTHONUNBUFFERED": "1", **self.cluster.env, **target.env, **swap_env},
             launch_prefix=prefix,
+            swap_env=swap_env,
             node=self.node,
         )
         script_path = f"{run_dir}/job.sbatch"

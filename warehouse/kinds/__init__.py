@@ -1,6 +1,7 @@
 """The artifact kinds the warehouse ingests, one module each: where the kind's artifacts are (discovery),
 how its files become rows (frames), what those rows must satisfy (its tables' pandera models), and how it is
-keyed and hashed (its ArtifactKind, `KIND`). The ingest engine (warehouse.ingest) walks KINDS in this order.
+keyed and hashed (its ArtifactKind, `KIND`; a module of related kinds names each: decisions.py has
+DECISIONS_KIND and PROMOTIONS_KIND). The ingest engine (warehouse.ingest) walks KINDS in this order.
 
 A new table: a module here (copy the closest one), its `KIND` in KINDS, and a migration creating the table
 (warehouse/migrations/NNNN_name.sql).
@@ -17,6 +18,7 @@ from warehouse.kinds import (
     capacity,
     captures,
     cells,
+    decisions,
     deployments,
     drafters,
     gates,
@@ -36,6 +38,8 @@ KINDS: tuple[ArtifactKind, ...] = (
     capacity.KIND,
     calibration.KIND,
     adaptations.KIND,  # after cells: an adaptation names its cells
+    decisions.DECISIONS_KIND,  # after cells: a decision's verification is ordinary cells
+    decisions.PROMOTIONS_KIND,  # after decisions: a promotion answers one
     drafters.KIND,  # RAW/drafters/, beside the campaigns
 )
 

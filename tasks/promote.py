@@ -1,0 +1,483 @@
+"""A person's answer to a decision (artifacts.decisions): when approved, the files a team deploys the verified
+speculation config with, rendered by the launchers' own code (tasks/launch/), and the promotion document.
+
+    SPECGAUGE_HOME/promoted/<decision_id>/speculative-config.json   --speculative-config as vLLM takes it
+                                         /vllm-serve.sh             the engine command (tasks.launch.command)
+                                         /variant.yaml              the spec variant entry (nightly regression)
+                                         /slurm.sbatch              the SLURM launcher's job script
+                                         /sml.txt                   the `sml advanced` command (tasks.launch.sml)
+    RAW/<verification campaign>/promotions/<decision_id>.json       PromotionDocument, written once
+
+Nothing that may be secret is written: the target's environment (names only, in a comment), environment
+variables of the launcher whose names look secret, and the values of options such as --api-key in the engine's
+extra arguments (replaced by REDACTED). specgauge has no redaction helper; this module keeps its own rule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from artifacts import layout
+from artifacts.decisions import DecisionDocument, PromotionDocument
+from artifacts.store import atomic_dir, read_document, write_json_atomic
+from experiments.spec import ExperimentSpec, SlurmLaunchSpec, SmlLaunchSpec, TargetSpec, Variant, load_spec
+from specgauge.errors import ArtifactError, InputError
+from specgauge.provenance import tool_facts, utc_now
+from specgauge.settings import Settings
+from tasks.launch.cluster import resolve_cluster
+from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
+from tasks.launch.config import SAFE_NAME, ClusterConfig
+from tasks.launch.local import resolve_local
+from tasks.launch.slurm import job_script
+from tasks.launch.slurm_script import render_prefix
+from tasks.launch.sml import framework_args, sml_command, unique_served_name
+from tasks.launch.ssh import quote
+
+PROMOTED = "promoted"  # SPECGAUGE_HOME/promoted/<decision_id>/
+SPECULATIVE_CONFIG = "speculative-config.json"
+SERVE_SCRIPT = "vllm-serve.sh"
+VARIANT_FILE = "variant.yaml"
+SLURM_SCRIPT = "slurm.sbatch"
+SML_COMMAND = "sml.txt"
+EXECUTABLE = (SERVE_SCRIPT, SLURM_SCRIPT)
+SERVE_HOST = "0.0.0.0"
+SERVE_PORT = 8000
+REDACTED = "REDACTED"
+# The served name's user segment: the sml launcher asks the login node (`id -un`); so does the written command.
+_LOGIN_USER = "$(id -un)"
+_PLACEHOLDER_USER = "user"  # stands for it while unique_served_name checks the other segments
+_PLACEHOLDER_ENVIRONMENT = "ENVIRONMENT.toml"
+# Name words (split at '-' and '_') that mark an option or variable as secret. Whole words only: --tokenizer
+# and --max-num-batched-tokens are not secrets.
+_SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials", "auth"}
+)
+_SECRET_VALUE = re.compile(r"(sk-|hf_|ghp_|github_pat_|glpat-|xox[bp]-)[A-Za-z0-9_-]{16,}")
+
+
+# -- secrets -----------------------------------------------------------------------------------------------
+def looks_secret(name: str) -> bool:
+    """Whether an option (--api-key) or environment variable name (HF_TOKEN) names a secret."""
+    return any(word in _SECRET_WORDS for word in re.split(r"[-_]+", name.lstrip("-").lower()))
+
+
+def redact_args(args: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """The arguments with the values of secret-looking options (--api-key X, --hf-token=X) and values that look
+    like access tokens replaced by REDACTED, and the names of what was replaced."""
+    out: list[str] = []
+    replaced: list[str] = []
+    pending: str | None = None  # a secret option whose value is the next argument
+    for arg in args:
+        if pending is not None:
+            secret, pending = pending, None
+            if not arg.startswith("--"):
+                out.append(REDACTED)
+                replaced.append(secret)
+                continue
+        name, equals, value = arg.partition("=")
+        option = arg.startswith("--")
+        if option and looks_secret(name):
+            out.append(f"{name}={REDACTED}" if equals else arg)
+            if equals:
+                replaced.append(name)
+            else:
+                pending = name
+        elif option and equals and _SECRET_VALUE.fullmatch(value):
+            out.append(f"{name}={REDACTED}")
+            replaced.append(name)
+        elif not option and _SECRET_VALUE.fullmatch(arg):
+            out.append(REDACTED)
+            replaced.append("a token-like value")
+        else:
+            out.append(arg)
+    return tuple(out), replaced
+
+
+# -- what is deployed --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Deployable:
+    """The decision's target and variant as the files serve them, and what the files must say about it."""
+
+    target: TargetSpec  # the layout applied, its environment left out, secret values redacted
+    variant: Variant  # hot_swap off, secret values redacted
+    header: list[str]  # comment lines every file starts with
+    notes: list[str]  # comment lines the engine command's files add
+
+
+def _validated(
+    model: type[Variant] | type[TargetSpec], data: Any, decision: DecisionDocument, field: str
+) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or field}: {e['msg']}" for e in exc.errors())
+        raise InputError(f"decision {decision.decision_id}: {field}: {problems}") from None
+
+
+def _same_config(decision: DecisionDocument, variant: Variant) -> None:
+    """The decision's speculative_config must be its variant's (tasks.decide writes the drafter's path resolved
+    against the repository, analysis.recommend.Recommendation.deployable_config)."""
+    from experiments.plan import resolve_repo_path
+
+    recorded, rendered = decision.speculative_config, variant.speculative_config()
+    if recorded is None or rendered is None:
+        same = recorded is None and rendered is None
+    else:
+        model = rendered.get("model")
+        paths = {model, str(resolve_repo_path(model))} if model is not None else {None}
+        same = {k: v for k, v in recorded.items() if k != "model"} == {
+            k: v for k, v in rendered.items() if k != "model"
+        } and recorded.get("model") in paths
+    if not same:
+        raise InputError(
+            f"decision {decision.decision_id}: speculative_config {json.dumps(recorded)} is not its variant's "
+            f"({json.dumps(rendered)}): the decision document is inconsistent"
+        )
+
+
+def deployable(decision: DecisionDocument, spec: ExperimentSpec) -> Deployable:
+    """The decision's variant (the verification spec's plain variant when speculation is off everywhere) and
+    target, served as the verification launched them (the variant's layout), without secrets."""
+    if not SAFE_NAME.fullmatch(decision.decision_id):
+        raise InputError(f"decision id {decision.decision_id!r} is not safe for file and job names")
+    if decision.variant is None:
+        variant = spec.plain
+    else:
+        variant = _validated(Variant, decision.variant, decision, "variant")
+    _same_config(decision, variant)
+    raw_target = _validated(TargetSpec, decision.target, decision, "target")
+    target = spec.model_copy(update={"target": raw_target}).target_of(variant)
+
+    header = [
+        f"specgauge decision {decision.decision_id}: {decision.family} on {decision.workload}, "
+        f"{decision.outcome} by launch",
+        f"verified by campaign {decision.campaign_id} ({decision.verification_spec or 'spec path not recorded'}, "
+        f"launcher {spec.launcher.kind})",
+    ]
+    notes: list[str] = []
+    if variant.hot_swap:  # a deployment must not open vLLM's dev endpoints (/collective_rpc)
+        variant = variant.model_copy(update={"hot_swap": False})
+        notes.append("hot_swap is off here: the verification served it with vLLM's dev endpoints open")
+    if target.env:
+        notes.append(
+            "the target's environment is not written (its values may be secret): set "
+            + ", ".join(sorted(target.env))
+        )
+    target_args, target_redacted = redact_args(target.extra_args)
+    variant_args, variant_redacted = redact_args(variant.extra_args)
+    if target_redacted or variant_redacted:
+        notes.append(
+            f"secret values replaced by {REDACTED}: "
+            + ", ".join(dict.fromkeys(target_redacted + variant_redacted))
+        )
+    target = target.model_copy(update={"env": {}, "extra_args": target_args})
+    variant = variant.model_copy(update={"extra_args": variant_args})
+    launcher = spec.launcher
+    patches = list(getattr(launcher, "patches", ()))  # the local launcher's vLLM overlays
+    if getattr(launcher, "overlay", None):  # a cluster launcher's
+        patches.append(str(launcher.overlay))
+    if patches:
+        notes.append(
+            f"the verification ran vLLM patched ({', '.join(patches)}); these files run vLLM as installed"
+        )
+    return Deployable(target, variant, header, notes)
+
+
+def _comments(*groups: Sequence[str]) -> str:
+    """Shell/YAML comment lines (a value with a line break stays inside its comment)."""
+    return "".join("# " + " ".join(line.splitlines()) + "\n" for group in groups for line in group)
+
+
+def _cluster_settings(
+    spec: ExperimentSpec, kind: type[SlurmLaunchSpec] | type[SmlLaunchSpec], cluster: ClusterConfig | None
+) -> tuple[ClusterConfig, list[str]]:
+    """The cluster settings the launcher of `kind` would use (tasks.launch.cluster.resolve_cluster): the spec's
+    cluster section over `cluster` (a cluster block read by the caller) or the launcher's defaults."""
+    section = spec.launcher if isinstance(spec.launcher, SlurmLaunchSpec | SmlLaunchSpec) else kind()
+    notes = []
+    if not isinstance(spec.launcher, SlurmLaunchSpec | SmlLaunchSpec):
+        notes.append(
+            f"the spec's launcher is {spec.launcher.kind}: rendered with the {kind().kind} launcher's defaults "
+            "(tasks/launch/config.py ClusterConfig); set your cluster's partition, account, GPUs, paths"
+        )
+    elif cluster is None:
+        named = f"cluster block {section.cluster!r} was not read" if section.cluster else "no cluster block"
+        notes.append(
+            f"{named}: the {kind().kind} launcher's defaults, overridden by the spec's launcher section"
+        )
+    settings = resolve_cluster(section, cluster or ClusterConfig())
+    secret = sorted(name for name in settings.env if looks_secret(name))
+    if secret:
+        notes.append(f"launcher environment not written (may be secret): set {', '.join(secret)}")
+        settings = settings.model_copy(
+            update={"env": {k: v for k, v in settings.env.items() if k not in secret}}
+        )
+    return settings, notes
+
+
+def _serve_script(spec: ExperimentSpec, found: Deployable) -> tuple[str, list[str]]:
+    """vllm-serve.sh and its engine arguments. Paths resolve as the spec's launcher resolves them (local: the
+    repository's absolute paths; clusters: as written)."""
+    resolve = resolve_local if spec.launcher.kind == "local" else str
+    args = vllm_args(
+        found.target,
+        found.variant,
+        served_model_name=served_name(found.target, found.variant),
+        host=SERVE_HOST,
+        port=SERVE_PORT,
+        resolve=resolve,
+    )
+    text = (
+        "#!/bin/bash\n"
+        + _comments(found.header, found.notes)
+        + f"exec {shlex.join(['python', '-m', ENGINE_MODULE, *args])}\n"
+    )
+    return text, args
+
+
+def _speculative_config(args: Sequence[str]) -> dict[str, Any] | None:
+    """The --speculative-config the engine is given (None: speculation off)."""
+    flag = "--speculative-config"
+    return json.loads(args[args.index(flag) + 1]) if flag in args else None
+
+
+def _slurm_script(
+    decision: DecisionDocument, spec: ExperimentSpec, found: Deployable, cluster: ClusterConfig | None
+) -> str:
+    """The SLURM launcher's job script (tasks.launch.slurm.job_script) for the deployment, run from a
+    directory of its own under the cluster's work directory."""
+    settings, notes = _cluster_settings(spec, SlurmLaunchSpec, cluster)
+    remote = settings.remote_dir
+    # The launcher expands ~ over SSH; the script takes the path relative to where it is submitted.
+    remote = remote[2:] if remote.startswith("~/") else "." if remote == "~" else remote
+    run_dir = f"{remote}/{PROMOTED}/{decision.decision_id}"
+    notes.append(f"run directory {run_dir}: create it before sbatch (Slurm does not create log directories)")
+    if settings.environment_toml:
+        notes.append(
+            f"the launcher uploads {settings.environment_toml} ({{arch}} = {settings.arch}) and names the upload "
+            "here: give its path on the cluster"
+        )
+    prefix = render_prefix(settings.container_prefix, mounts=[], environment=settings.environment_toml)
+    script = job_script(
+        settings,
+        found.target,
+        found.variant,
+        deployment_id=decision.decision_id,
+        run_dir=run_dir,
+        launch_prefix=prefix,
+    )
+    shebang, _, rest = script.partition("\n")
+    return f"{shebang}\n" + _comments(found.header, notes, found.notes) + rest
+
+
+def _sml_text(
+    decision: DecisionDocument, spec: ExperimentSpec, found: Deployable, cluster: ClusterConfig | None
+) -> str:
+    """The sml launcher's `sml advanced` command (tasks.launch.sml.sml_command), quoted as its
+    sml-command.txt, with the served name's user taken on the login node as the launcher does."""
+    settings, notes = _cluster_settings(spec, SmlLaunchSpec, cluster)
+    environment = settings.environment_toml
+    if environment is None:
+        environment = _PLACEHOLDER_ENVIRONMENT
+        notes.append(f"no environment_toml: put your container environment TOML in place of {environment}")
+    else:
+        notes.append(
+            f"the launcher uploads {environment} ({{arch}} = {settings.arch}) and passes the upload: give its "
+            "path on the login node"
+        )
+    if settings.sml_env:
+        notes.append(
+            f"the launcher runs sml with {', '.join(sorted(settings.sml_env))} set (values not written)"
+        )
+    served = unique_served_name(
+        _PLACEHOLDER_USER, settings.served_org, found.target, found.variant, stamp=decision.decision_id
+    )
+    words = sml_command(
+        settings,
+        environment=environment,
+        args=framework_args(found.target, found.variant),
+        served=served,
+        generation=settings.sml_flags,
+    )
+    rest = served.split("/", 1)[1]
+    line = " ".join(f'"{_LOGIN_USER}"/{quote(rest)}' if word == served else quote(word) for word in words)
+    return _comments(found.header, notes, found.notes) + line + "\n"
+
+
+def deploy_files(
+    decision: DecisionDocument, spec: ExperimentSpec, *, cluster: ClusterConfig | None = None
+) -> dict[str, str]:
+    """File name -> text for a team to deploy the decision's config, rendered by the launchers' own code.
+    `spec` is the verification campaign's spec; `cluster` the cluster block its launcher names, when the
+    caller has read it (otherwise the SLURM/sml scripts take the launchers' defaults and say so)."""
+    found = deployable(decision, spec)
+    serve, args = _serve_script(spec, found)
+    entry = found.variant.model_dump(mode="json", exclude_defaults=True)
+    variant_text = _comments(
+        found.header, ["one entry of a campaign spec's `variants:` (the nightly regression runs it)"]
+    ) + yaml.safe_dump(entry, sort_keys=False)
+    return {
+        SPECULATIVE_CONFIG: json.dumps(_speculative_config(args), indent=2) + "\n",
+        SERVE_SCRIPT: serve,
+        VARIANT_FILE: variant_text,
+        SLURM_SCRIPT: _slurm_script(decision, spec, found, cluster),
+        SML_COMMAND: _sml_text(decision, spec, found, cluster),
+    }
+
+
+def serve_args(files: dict[str, str]) -> list[str]:
+    """The engine arguments in a vllm-serve.sh (after `python -m <ENGINE_MODULE>`)."""
+    command = next(line for line in files[SERVE_SCRIPT].splitlines() if line.startswith("exec "))
+    words = shlex.split(command)
+    return words[words.index(ENGINE_MODULE) + 1 :]
+
+
+# -- the promotion -----------------------------------------------------------------------------------------
+def promoted_dir(home: Path, decision_id: str) -> Path:
+    return Path(home) / PROMOTED / decision_id
+
+
+def write_promotion(
+    campaign_dir: Path,
+    decision: DecisionDocument,
+    spec: ExperimentSpec,
+    *,
+    approved: bool,
+    approver: str,
+    note: str,
+    via: str,
+    home: Path,
+    cluster: ClusterConfig | None = None,
+) -> PromotionDocument:
+    """Record a person's answer to `decision` once, at RAW/<campaign>/promotions/<decision_id>.json. Approved:
+    first the deploy files under HOME/promoted/<decision_id>/ (whole or not at all). A second answer to the
+    same decision is refused (InputError): a new answer needs a new decision."""
+    path = layout.promotion_file(campaign_dir, decision.decision_id)
+    if path.exists():
+        raise InputError(
+            f"decision {decision.decision_id} was answered already: {path} (a promotion is written once; "
+            "a new answer needs a new decision)"
+        )
+    if not approver.strip():
+        raise InputError(f"decision {decision.decision_id}: say who answers it (approver is empty)")
+    home = Path(home)
+    target = promoted_dir(home, decision.decision_id)
+    files: list[str] = []
+    args: list[str] = []
+    config = decision.speculative_config
+    if approved:
+        if target.exists():
+            raise InputError(
+                f"decision {decision.decision_id}: {target} exists (promoted files are written once)"
+            )
+        rendered = deploy_files(decision, spec, cluster=cluster)
+        args = serve_args(rendered)
+        config = _speculative_config(args)
+        with atomic_dir(target) as tmp:
+            for name, text in rendered.items():
+                (tmp / name).write_text(text)
+                if name in EXECUTABLE:
+                    (tmp / name).chmod(0o755)
+        files = [str((target / name).relative_to(home)) for name in rendered]
+    document = PromotionDocument(
+        decision_id=decision.decision_id,
+        campaign_id=decision.campaign_id,
+        approved=approved,
+        approver=approver,
+        note=note,
+        via=via,
+        speculative_config=config,
+        vllm_args=args,
+        files=files,
+        decided_utc=utc_now(),
+        tool=tool_facts(),
+    )
+    try:
+        write_json_atomic(path, document)
+    except BaseException:
+        if approved:  # files without their promotion would block the decision's promotion for good
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    return document
+
+
+def _promotions(home: Path) -> list[tuple[Path, PromotionDocument]]:
+    raw = Settings(home=Path(home)).raw_dir
+    if not raw.is_dir():
+        return []
+    found = []
+    for directory in layout.campaign_dirs(raw):
+        for path in layout.promotion_files(directory):
+            try:
+                found.append((path, read_document(path, PromotionDocument)))
+            except (OSError, ValueError) as exc:
+                raise ArtifactError(f"{path}: not a promotion document: {exc}") from None
+    return found
+
+
+def promoted_variant(home: Path, decision_id: str | None = None) -> dict[str, Any] | None:
+    """The variant entry (variant.yaml) of the latest approved promotion under HOME (of `decision_id` when
+    given), by decided_utc; None when there is none."""
+    approved = [
+        (datetime.fromisoformat(doc.decided_utc), str(path), doc)
+        for path, doc in _promotions(home)
+        if doc.approved and decision_id in (None, doc.decision_id)
+    ]
+    if not approved:
+        return None
+    _, source, latest = max(approved, key=lambda item: (item[0], item[1]))
+    listed = [f for f in latest.files if Path(f).name == VARIANT_FILE]
+    if not listed:
+        raise ArtifactError(f"{source}: an approved promotion that lists no {VARIANT_FILE}")
+    variant_path = Path(home) / listed[0]
+    try:
+        entry = yaml.safe_load(variant_path.read_text())
+        Variant.model_validate(entry)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise ArtifactError(f"{variant_path} (promoted by {source}): not a variant entry: {exc}") from None
+    return entry
+
+
+def latest_promoted_decision(home: Path) -> str | None:
+    """The decision id of the latest approved promotion under HOME (by decided_utc), or None."""
+    approved = [
+        (datetime.fromisoformat(doc.decided_utc), str(path), doc.decision_id)
+        for path, doc in _promotions(home)
+        if doc.approved
+    ]
+    return max(approved)[2] if approved else None
+
+
+def promote_decision(decision_id: str, approved: bool, approver: str, note: str, via: str) -> dict[str, Any]:
+    """A person's answer to a stored decision (tasks.decide.read_decision), with the spec it was verified with
+    (the verification campaign's spec file; the sweep's record when nothing was launched): the promotion
+    document, and when approved the deploy files. Returns what the CLI and the flow print."""
+    from specgauge.settings import get_settings
+    from tasks.decide import read_decision
+
+    path, decision = read_decision(decision_id)
+    campaign_dir = path.parent.parent
+    if decision.speculative_config is None:
+        return {"promoted": False, "why": "speculation is off at every load: there is nothing to promote"}
+    spec = load_spec(Path(decision.verification_spec))
+    home = get_settings().home
+    document = write_promotion(
+        campaign_dir, decision, spec, approved=approved, approver=approver, note=note, via=via, home=home
+    )
+    return {
+        "promoted": document.approved,
+        "why": "" if document.approved else f"refused by {approver}",
+        "files": document.files,
+        "path": str(layout.promotion_file(campaign_dir, decision_id)),
+    }
