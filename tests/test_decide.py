@@ -244,8 +244,7 @@ def test_the_decision_loop_on_the_cost_twin(
             [result["campaign_id"]],
         ).fetchall()
         measured = con.execute(
-            "SELECT variant, count(*) FROM v_cells WHERE campaign_id = ? GROUP BY ALL "
-            "ORDER BY variant",
+            "SELECT variant, count(*) FROM v_cells WHERE campaign_id = ? GROUP BY ALL ORDER BY variant",
             [result["campaign_id"]],
         ).fetchall()
     assert measured == [("fixed-k3", 4), ("plain", 4), ("recommended", 4)]  # 2 loads x 2 launches each
