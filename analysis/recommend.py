@@ -297,12 +297,12 @@ def best_fixed_k(
 
 
 def verification_spec(
-    spec: dict[str, Any], rec: Recommendation, fixed_k: int, repeats: int | None = None
+    spec: dict[str, Any], rec: Recommendation, fixed_k: int, repeats: int | None = None, gate: bool = False
 ) -> dict[str, Any]:
     """The campaign that checks a recommendation: plain, the best fixed depth and the recommended schedule,
     launched the same way, on the recommendation's workload at the source campaign's closed-loop loads, with
-    the source's captures (the schedule must be lossless too) and launcher, and `repeats` launches of each
-    (default: the source's)."""
+    the source's captures (the schedule must be lossless too; `gate`: capture even where the source did not)
+    and launcher, and `repeats` launches of each (default: the source's)."""
     if rec.config is None:
         raise ValueError(f"{rec.family} on {rec.workload}: nothing to verify (speculation off at every load)")
     families = _families(spec)
@@ -337,6 +337,8 @@ def verification_spec(
     }
     if repeats is not None:
         out["repeats"] = repeats
+    if gate:
+        out["capture"] = {**(spec.get("capture") or {}), "enabled": True}
     return {
         **out,
         "name": f"{spec['name']}-verify"[:48],

@@ -486,6 +486,11 @@ class DecisionSpec(Strict):
         description="Launches of each arm (plain, the best fixed depth, the recommended schedule) when "
         "`specgauge decide` verifies a recommendation: its intervals come from them.",
     )
+    verify_gate: bool = Field(
+        default=True,
+        description="Capture greedy outputs in the verification and gate the recommended schedule against "
+        "plain (with the spec's `capture` settings), even where the sweep itself captured nothing.",
+    )
 
 
 class LocalLaunchSpec(Strict):

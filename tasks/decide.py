@@ -91,7 +91,8 @@ def plan_verification(
     fixed_k = best_fixed_k(rec, data, settings, speedups=speedups)
     spec = None
     if rec.config is not None:
-        spec = verification_spec(data.spec, rec, fixed_k, repeats=decision_rule(data).verify_repeats)
+        rule = decision_rule(data)
+        spec = verification_spec(data.spec, rec, fixed_k, repeats=rule.verify_repeats, gate=rule.verify_gate)
     return VerificationPlan(data.campaign_id, rec, notes, fixed_k, spec, source_spec=data.spec)
 
 
