@@ -276,7 +276,7 @@ def verification_section(verdicts: list) -> Section:
 
 
 def decision_section(decision: pl.DataFrame) -> Section:
-    """The decision this verification campaign holds (v_decision: tasks.decide): per batch-size range what to
+    """The decision this verification campaign holds (v_decision: analysis.verification): per batch-size range what to
     run, what the sweep measured, what the launch of the schedule measured, and the verdict, first in the
     report because it is the answer."""
     first = decision.row(0, named=True)

@@ -1,7 +1,7 @@
 """The decision loop's documents (flows/decide.py): what was recommended from a sweep, what the launch of that
 schedule measured at each load, the verdict, and a person's sign-off. Written once each (artifacts.store):
 
-    RAW/<verification campaign>/decisions/<decision_id>.json      DecisionDocument (tasks.decide)
+    RAW/<verification campaign>/decisions/<decision_id>.json      DecisionDocument (analysis.verification)
     RAW/<verification campaign>/promotions/<decision_id>.json     PromotionDocument (tasks.promote)
 
 The warehouse reads them into `decisions`, `decision_loads` and `promotions` (warehouse/kinds/decisions.py,
@@ -10,10 +10,12 @@ view `v_decision`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
+from artifacts import layout
 from artifacts.documents import Document, Flag, Number, Text, Time, ToolFacts, Whole
 
 Outcome = Literal["confirmed", "refuted", "inconclusive"]
@@ -47,7 +49,7 @@ class DecisionLoad(Document):
 
 
 class DecisionDocument(Document):
-    """decisions/<decision_id>.json: one recommendation and its verification (tasks.decide.write_decision)."""
+    """decisions/<decision_id>.json: one recommendation and its verification (analysis.verification.write_decision)."""
 
     decision_id: Text
     campaign_id: Text  # the verification campaign (the file lives under it)
@@ -90,3 +92,14 @@ class PromotionDocument(Document):
     )  # what was written for the team to deploy, relative to SPECGAUGE_HOME
     decided_utc: Time
     tool: ToolFacts | None = None
+
+
+def read_decision(raw_dir: Path, decision_id: str) -> tuple[Path, DecisionDocument]:
+    """A decision by id, from any campaign's folder under `raw_dir` (InputError when there is none)."""
+    from artifacts.store import read_document
+    from specgauge.errors import InputError
+
+    found = sorted(Path(raw_dir).glob(f"*/{layout.DECISIONS}/{decision_id}.json"))
+    if not found:
+        raise InputError(f"no decision {decision_id!r} under {raw_dir}")
+    return found[-1], read_document(found[-1], DecisionDocument)

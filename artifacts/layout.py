@@ -15,7 +15,7 @@
     RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
     RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
-    RAW/<campaign_id>/decisions/<decision_id>.json                     DecisionDocument (tasks.decide)
+    RAW/<campaign_id>/decisions/<decision_id>.json                     DecisionDocument (analysis.verification)
     RAW/<campaign_id>/promotions/<decision_id>.json                    PromotionDocument (tasks.promote)
     RAW/drafters/<drafter_id>/card.json, curve.parquet, head/          DrafterCard (tasks.drafters.training)
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta

@@ -19,11 +19,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.input import RunInput
 from pydantic import BaseModel, Field
 
+from analysis.verification import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
 from flows.analyze import analyze as analyze_flow
 from flows.campaign import ExperimentFile, campaign
 from flows.ingest import ingest as ingest_flow
 from specgauge.settings import get_settings
-from tasks.decide import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
 from warehouse.db import reader
 
 DECISION_SPEC = ExperimentFile("experiments/decision.yaml")

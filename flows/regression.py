@@ -107,7 +107,8 @@ def promoted_check(label: str | None = None) -> Any:
     """Re-run the verification of the latest promoted decision (plain, the best fixed depth and the promoted
     schedule, launched as when it was verified) and end Failed, with an alert, when the schedule no longer
     beats plain at a load where it drafts (its point estimate below 1, or the interval wholly below)."""
-    from tasks.decide import read_decision, verdicts_of
+    from analysis.verification import verdicts_of
+    from artifacts.decisions import read_decision
     from tasks.promote import latest_promoted_decision
 
     logger = get_run_logger()
@@ -115,7 +116,7 @@ def promoted_check(label: str | None = None) -> Any:
     if decision_id is None:
         logger.info("no promoted config: nothing to check")
         return {"decision_id": None, "lost": []}
-    _, decision = read_decision(decision_id)
+    _, decision = read_decision(get_settings().raw_dir, decision_id)
     result = campaign(spec_path=decision.verification_spec, label=label or utc_stamp(), gate=False)
     verdicts = verdicts_of(result["campaign_id"])
     lost = [v for v in verdicts if v.k > 0 and (v.outcome == "refuted" or v.over_plain < 1.0)]

@@ -126,7 +126,7 @@ def _validated(
 
 
 def _same_config(decision: DecisionDocument, variant: Variant) -> None:
-    """The decision's speculative_config must be its variant's (tasks.decide writes the drafter's path resolved
+    """The decision's speculative_config must be its variant's (analysis.verification writes the drafter's path resolved
     against the repository, analysis.recommend.Recommendation.deployable_config)."""
     from experiments.plan import resolve_repo_path
 
@@ -460,13 +460,13 @@ def latest_promoted_decision(home: Path) -> str | None:
 
 
 def promote_decision(decision_id: str, approved: bool, approver: str, note: str, via: str) -> dict[str, Any]:
-    """A person's answer to a stored decision (tasks.decide.read_decision), with the spec it was verified with
+    """A person's answer to a stored decision (artifacts.decisions.read_decision), with the spec it was verified with
     (the verification campaign's spec file; the sweep's record when nothing was launched): the promotion
     document, and when approved the deploy files. Returns what the CLI and the flow print."""
+    from artifacts.decisions import read_decision
     from specgauge.settings import get_settings
-    from tasks.decide import read_decision
 
-    path, decision = read_decision(decision_id)
+    path, decision = read_decision(get_settings().raw_dir, decision_id)
     campaign_dir = path.parent.parent
     if decision.speculative_config is None:
         return {"promoted": False, "why": "speculation is off at every load: there is nothing to promote"}

@@ -93,7 +93,9 @@ def decision(campaign_id: str, decision_id: str, **fields: Any) -> dict[str, Any
         "tool": {"specgauge_version": "0.9.0", "git_revision": "abc1234"},
         **fields,
     }
-    DecisionDocument.model_validate(doc)  # what tasks.decide would write: the contract's own model accepts it
+    DecisionDocument.model_validate(
+        doc
+    )  # what analysis.verification would write: the contract's own model accepts it
     return doc
 
 
@@ -263,7 +265,7 @@ def test_decisions_and_a_later_promotion_reach_the_warehouse_once(campaign: Path
 
 
 def test_decisions_with_nothing_measured_are_kept_as_inconclusive(campaign: Path, tmp_path: Path) -> None:
-    """Speculation off at every load (tasks.decide launches nothing: no spec, no figures), and a decision with
+    """Speculation off at every load (analysis.verification launches nothing: no spec, no figures), and a decision with
     no load at all: both are stored, and each shows in v_decision."""
     db, cid = tmp_path / "w.duckdb", campaign.name
     unmeasured = {

@@ -87,7 +87,7 @@ def spec_of(variant: dict[str, Any], launcher: dict[str, Any] | None = None, **t
 def decision_of(
     variant: dict[str, Any] | None, decision_id: str = "code-0123456789", **target: Any
 ) -> DecisionDocument:
-    """A decision as tasks.decide writes one: the drafter in speculative_config resolved against the repo."""
+    """A decision as analysis.verification writes one: the drafter in speculative_config resolved against the repo."""
     config = Variant.model_validate(variant).speculative_config() if variant else None
     if config and "model" in config:
         config["model"] = str(resolve_repo_path(config["model"]))

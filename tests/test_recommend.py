@@ -204,9 +204,9 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
 
 
 def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Path, home: Path) -> None:
+    from analysis.verification import write_verification_spec
     from experiments.spec import load_spec
     from specgauge.errors import InputError
-    from tasks.decide import write_verification_spec
 
     path = write_verification_spec(None, None, surface_db)
     assert path.parent == home / "specs" and path.name.endswith("-verify-chat.yaml")

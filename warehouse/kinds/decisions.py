@@ -1,7 +1,7 @@
 """The decision loop's documents (artifacts/decisions.py, migration 0015): two kinds of single files, each
 written once under the verification campaign:
 
-- decisions/<decision_id>.json (DecisionDocument, tasks.decide) into `decisions`, one row per recommendation
+- decisions/<decision_id>.json (DecisionDocument, analysis.verification) into `decisions`, one row per recommendation
   and its verification, and `decision_loads`, one row per measured load (DECISIONS_KIND);
 - promotions/<decision_id>.json (PromotionDocument, tasks.promote) into `promotions`, a person's answer to
   that decision (PROMOTIONS_KIND).

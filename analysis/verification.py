@@ -1,4 +1,4 @@
-"""The decision loop's steps as plain functions (flows/decide.py runs them): choose the recommendation to verify
+"""Verifying a recommendation, as plain functions (flows/decide.py runs them): choose the recommendation to verify
 from a sweep (analysis.recommend), write the campaign that launches it beside plain and the best fixed depth,
 and once that campaign is in the warehouse, write the decision: per load what the schedule claims, what the
 launch measured and whether it confirmed or refuted the claim (artifacts.decisions.DecisionDocument).
@@ -32,7 +32,7 @@ from analysis.recommend import (
 from analysis.speedup import speedup_table
 from artifacts import layout
 from artifacts.decisions import DecisionDocument, DecisionLoad
-from artifacts.store import read_document, write_json_atomic
+from artifacts.store import write_json_atomic
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now
 from specgauge.settings import get_settings
@@ -231,11 +231,3 @@ def write_decision(doc: DecisionDocument) -> Path:
     if not path.exists():
         write_json_atomic(path, doc)
     return path
-
-
-def read_decision(decision_id: str) -> tuple[Path, DecisionDocument]:
-    """A decision by id, from any campaign's raw folder (InputError when there is none)."""
-    found = sorted(get_settings().raw_dir.glob(f"*/{layout.DECISIONS}/{decision_id}.json"))
-    if not found:
-        raise InputError(f"no decision {decision_id!r} under {get_settings().raw_dir}")
-    return found[-1], read_document(found[-1], DecisionDocument)
