@@ -200,6 +200,21 @@ def test_the_decide_flow_verifies_by_launch_records_the_verdict_and_waits_for_a_
     assert served["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 256, 0]]
     assert "The decision" in Path(result["report"]).read_text()
 
+    # The nightly's second step re-launches the promoted decision's verification and judges it again.
+    from flows.regression import promoted_check
+
+    state = promoted_check(label="nightly", return_state=True)
+    if state.is_failed():  # on the emulator every arm runs alike: the schedule may well not beat plain
+        assert decision_id in state.message and "stopped beating plain" in state.message
+    else:
+        checked = state.result()
+        assert checked["decision_id"] == decision_id and checked["lost"] == []
+    with reader() as con:
+        nightly = con.execute(
+            "SELECT DISTINCT variant FROM v_cells WHERE campaign_id LIKE '%-nightly' ORDER BY variant"
+        ).fetchall()
+    assert nightly == [("fixed-k3",), ("plain",), ("recommended",)]  # launched again, measured again
+
 
 TWIN_SWEEP = """
 name: twin-sweep
