@@ -181,7 +181,7 @@ def caveats_of(choices: list[LoadChoice]) -> list[str]:
             "k 0 is not plain: a deployment with speculation configured keeps its engine settings (vLLM 0.32 "
             "disables asynchronous scheduling for n-gram and draft-model speculation, its log says) and its "
             "drafter where it drafts nothing; verify the schedule "
-            "(`specgauge campaign verify-recommendation`) before trusting the off ranges"
+            "by a launch (`specgauge decide`) before trusting the off ranges"
         )
     return notes
 
@@ -420,9 +420,10 @@ def judge(
     return "inconclusive", f"the interval [{low:.3g}, {high:.3g}] holds {floor:.2f}"
 
 
-def overall(verdicts: list[Verdict]) -> str:
-    """confirmed when every load is, refuted when any load is, inconclusive otherwise (or with no load)."""
-    outcomes = {v.outcome for v in verdicts}
+def overall(loads: list) -> str:
+    """confirmed when every load is, refuted when any load is, inconclusive otherwise (or with no load).
+    `loads`: anything with an `outcome` (Verdict, artifacts.decisions.DecisionLoad)."""
+    outcomes = {load.outcome for load in loads}
     if "refuted" in outcomes:
         return "refuted"
     return "confirmed" if outcomes == {"confirmed"} else "inconclusive"

@@ -32,7 +32,7 @@ from analysis.recommend import (
 from analysis.speedup import speedup_table
 from artifacts import layout
 from artifacts.decisions import DecisionDocument, DecisionLoad
-from artifacts.store import write_json_atomic
+from artifacts.store import read_document, write_json_atomic
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now
 from specgauge.settings import get_settings
@@ -178,10 +178,12 @@ def decision_of(plan: VerificationPlan, data: CampaignData) -> DecisionDocument:
                 reason=verdict.reason,
             )
         )
-    outcome = overall(list(verdicts.values())) if len(verdicts) == len(loads) else "inconclusive"
-    if any(load.outcome == "refuted" for load in loads):
-        outcome = "refuted"
+    outcome = overall(loads)
     gate = gate_status(data).get(RECOMMENDED)
+    caveats = [*plan.notes, *rec.caveats]
+    if gate and gate["passed"] is False:  # a schedule that changes the greedy output is never confirmed
+        outcome = "refuted"
+        caveats.insert(0, f"the schedule failed its greedy-correctness gate ({gate['outcome']})")
     variant = next(v for v in plan.spec["variants"] if v["name"] == RECOMMENDED) if plan.spec else None
     doc = DecisionDocument(
         decision_id=plan.decision_id,
@@ -203,7 +205,7 @@ def decision_of(plan: VerificationPlan, data: CampaignData) -> DecisionDocument:
         gate_passed=gate["passed"] if gate else None,
         gate_claim=gate["outcome"] if gate else None,
         summary="",
-        caveats=[*plan.notes, *rec.caveats],
+        caveats=caveats,
         created_utc=utc_now(),
         tool=tool_facts(),
     )
@@ -224,10 +226,11 @@ def summary_line(doc: DecisionDocument) -> str:
     )
 
 
-def write_decision(doc: DecisionDocument) -> Path:
-    """The decision under its verification campaign's raw folder, written once; a re-run of the same decision
-    keeps the first file (the verification campaign resumed from the same cells gives the same decision)."""
+def write_decision(doc: DecisionDocument) -> tuple[Path, DecisionDocument]:
+    """The decision under its verification campaign's raw folder, written once: a re-run of the same decision
+    (the verification resumed from the same cells) keeps and returns the first file's document."""
     path = layout.decision_file(get_settings().raw_dir / doc.campaign_id, doc.decision_id)
-    if not path.exists():
-        write_json_atomic(path, doc)
-    return path
+    if path.exists():
+        return path, read_document(path, DecisionDocument)
+    write_json_atomic(path, doc)
+    return path, doc

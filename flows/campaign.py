@@ -543,7 +543,7 @@ def campaign(
     Args:
         spec: The experiment spec, from the repo's experiments/ folder.
         spec_path: Another spec file instead (repo-relative or absolute, on the worker's machine), e.g. one
-            that `specgauge campaign verify-recommendation` wrote.
+            that `specgauge decide` wrote.
         label: A run label: a new campaign id instead of resuming the last run of the same spec.
         variants: Run only these variants (names as in the report, e.g. draft-k3); plain baselines are
             always kept. Empty: all.

@@ -35,6 +35,10 @@ class DecisionRequest(BaseModel):
     spec: ExperimentFile = Field(
         default=DECISION_SPEC, description="The sweep's experiment spec, from the repo's experiments/ folder."
     )
+    spec_path: str | None = Field(
+        default=None,
+        description="Another sweep spec instead (repo-relative or absolute, on the worker's machine).",
+    )
     sweep_campaign_id: str | None = Field(
         default=None,
         description="Verify the recommendation of this finished campaign instead of running the spec's sweep.",
@@ -84,8 +88,7 @@ def decision_task(plan: VerificationPlan, campaign_id: str) -> dict[str, Any]:
 
     with reader() as con:
         data = load_campaign(con, campaign_id)
-    doc = decision_of(plan, data)
-    path = write_decision(doc)
+    path, doc = write_decision(decision_of(plan, data))
     get_run_logger().info("decision %s: %s", doc.decision_id, doc.summary)
     create_markdown_artifact(
         key=f"decision-{doc.decision_id}".lower().replace("_", "-").replace(".", "-"),

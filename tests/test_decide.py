@@ -100,6 +100,7 @@ def test_the_decide_forms_fields_have_their_descriptions_and_the_spec_select() -
     request = schema["definitions"]["DecisionRequest"]["properties"]
     assert set(request) == {
         "spec",
+        "spec_path",
         "sweep_campaign_id",
         "label",
         "workload",

@@ -79,6 +79,7 @@ def run_decide(
     from experiments.plan import plan_campaign, resolve_repo_path
     from tasks.launch import check_launchable
 
+    path = None
     if sweep_campaign_id is None:  # bad input refused before Prefect starts
         path = resolve_repo_path(spec or DECISION_SPEC)
         experiment = load_spec_with(path, SpecOverrides())
@@ -89,7 +90,7 @@ def run_decide(
 
     request = DecisionRequest.model_validate(
         {
-            "spec": spec or DECISION_SPEC,
+            "spec_path": str(path) if path else None,
             "sweep_campaign_id": sweep_campaign_id,
             "label": label,
             "workload": workload,
