@@ -115,6 +115,9 @@ def test_the_decide_forms_fields_have_their_descriptions_and_the_spec_select() -
     assert set(approval) == {"approve", "approver", "note"} and approval["approver"]["description"]
 
 
+# About 3 minutes alone on 2 cores (two campaigns of six emulated launches, two analyses); more beside the
+# engine tests in the suite.
+@pytest.mark.timeout(1200)
 def test_the_decide_flow_verifies_by_launch_records_the_verdict_and_waits_for_a_sign_off(
     prefect_harness: None, home: Path, emulator
 ) -> None:
