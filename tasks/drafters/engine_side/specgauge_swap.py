@@ -248,7 +248,9 @@ class SpecgaugeSwapExtension:
             item = staged.get(pname)
             if item is None:
                 if kind is not None and live.numel() == 0:  # the layer dropped its weight after packing
-                    shape = (sum(module.output_partition_sizes), module.input_size_per_partition)
+                    # ReplicatedLinear (EAGLE-3's fc) has no per-partition input size: it is its input size
+                    columns = getattr(module, "input_size_per_partition", None) or module.input_size
+                    shape = (sum(module.output_partition_sizes), columns)
                     dtype = getattr(module, "params_dtype", None) or tensor.dtype
                     item = _Staged(module, None, torch.zeros(shape, dtype=dtype))
                 else:
