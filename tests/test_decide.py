@@ -235,8 +235,8 @@ launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 
 
-# Eight engine starts of the cost twin (two for the sweep, three arms x two launches for the verification):
-# about 8 minutes on this 2-core machine.
+# Nine engine starts of the cost twin (two for the sweep; three arms x two launches and the gate's plain control
+# for the verification, with captures): 15 minutes in the fresh-clone CI run of 2026-12-04 on 2 cores.
 @pytest.mark.engine
 @pytest.mark.timeout(1800)
 def test_the_decision_loop_on_the_cost_twin(
