@@ -156,10 +156,8 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     """Decide whether and how to turn speculative decoding on: sweep, recommend, verify the schedule by a
     launch, record the verdict per load, and (with sign-off) promote the config after a person's approval."""
     request = request or DecisionRequest()
-    sweep_id = (
-        request.sweep_campaign_id
-        or campaign(spec_path=spec_value(request.spec), label=request.label)["campaign_id"]
-    )
+    spec = request.spec_path or spec_value(request.spec)
+    sweep_id = request.sweep_campaign_id or campaign(spec_path=spec, label=request.label)["campaign_id"]
     plan = recommend_task(sweep_id, request.workload)
     campaign_id = sweep_id
     if plan.spec_path is not None:  # speculation on somewhere: launch the schedule

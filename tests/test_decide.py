@@ -270,3 +270,15 @@ def test_the_decision_loop_on_the_cost_twin(
     assert [r[0] for r in rows] == [1, 8] and all(r[4] == 2 and r[2] > 0 for r in rows)
     assert rows[0][1] == 3  # drafting at C=1, where the twin's step is bound by its weights
     assert all(r[5] in ("confirmed", "refuted", "inconclusive") for r in rows)
+
+
+def test_the_decide_flow_sweeps_the_spec_file_it_is_given(prefect_harness: None, home: Path, tmp_path: Path):
+    """`specgauge decide FILE` passes its own file as spec_path: the sweep reads that file (here refused,
+    naming it and its missing field, before anything launches), not the form's default spec."""
+    from flows.decide import DecisionRequest, decide
+    from specgauge.errors import SpecError
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    with pytest.raises(SpecError, match=r"mine\.yaml.*target"):
+        decide(DecisionRequest(spec_path=str(mine), sign_off=False))
