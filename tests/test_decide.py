@@ -15,6 +15,7 @@ from warehouse_fixtures import make_spec
 from analysis.recommend import LoadChoice, Recommendation, best_family, judge, k_at, overall
 from experiments.spec import DecisionSpec
 
+PLAIN = {"name": "plain", "method": "none"}
 EAGLE = {"name": "eagle3-k3", "method": "eagle3", "k": 3, "eagle_head": "models/tiny-eagle3"}
 SWEEP = {"c1": 1.5, "c4": 0.8}  # the planted sweep's TPOT speedup of EAGLE-3 k=3 by load
 
@@ -282,3 +283,34 @@ def test_the_decide_flow_sweeps_the_spec_file_it_is_given(prefect_harness: None,
     mine.write_text("name: mine\n")
     with pytest.raises(SpecError, match=r"mine\.yaml.*target"):
         decide(DecisionRequest(spec_path=str(mine), sign_off=False))
+
+
+def test_a_schedule_that_fails_its_greedy_gate_is_refuted(home: Path, tmp_path: Path) -> None:
+    """However fast it is: a verification whose schedule changes plain's greedy outputs (planted: every
+    output differs) is refuted, and the decision says why first."""
+    from analysis.data import load_campaign
+    from analysis.verification import decision_of, plan_verification
+    from experiments.spec import parse_spec
+    from warehouse.db import reader
+
+    spec = make_spec("sweep", repeats=1, concurrencies=(1, 4), requests=4, warmup=0, variants=[PLAIN, EAGLE])
+    sweep_db = PlantedBuilder(home / "raw", spec=spec, plant=plant_sweep).build(home / "warehouse.duckdb")
+    plan = plan_verification(None, None, sweep_db)
+    assert plan.spec is not None and plan.recommendation.schedule == [[1, 2, 3], [3, 256, 0]]
+
+    def fast(variant: str, repeat: int, workload: str, load: str):  # the schedule wins big at C=1
+        if variant == "plain":
+            return profile(0.020 * (1 + 0.02 * repeat), None)
+        return profile(
+            0.020 / (1.8 if load == "c1" else 1.0) * (1 - 0.01 * repeat), 0.5, tokens_per_chunk=2.5
+        )
+
+    verification = parse_spec({**plan.spec, "repeats": 3})
+    db = PlantedBuilder(
+        tmp_path / "raw", spec=verification, plant=fast, diverging=frozenset({"recommended"})
+    ).build(tmp_path / "v.duckdb")
+    with reader(db) as con:
+        doc = decision_of(plan, load_campaign(con))
+    assert doc.loads[0].outcome == "confirmed"  # faster at C=1, by its interval
+    assert doc.gate_passed is False and doc.outcome == "refuted"
+    assert doc.caveats[0].startswith("the schedule failed its greedy-correctness gate")
