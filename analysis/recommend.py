@@ -359,9 +359,10 @@ def k_at(schedule: list[list[int]] | tuple | None, batch: int, top: int) -> int:
 @dataclass(frozen=True)
 class Verdict:
     """One load of a verification campaign: what the schedule claims there (k > 0: it beats plain; k = 0: it
-    is no worse than plain, within `tolerance`: the benefit rule's guardrail) and whether the launch confirmed or refuted that claim, from
-    the interval of its throughput over plain (paired per repeat). A claim is judged only on an interval of
-    positive width from at least two launches; anything less is inconclusive and says why."""
+    is no worse than plain, within `tolerance`, the benefit rule's guardrail) and whether the launch confirmed
+    or refuted that claim, from the interval of its throughput over plain (paired per repeat). A claim is
+    judged only on an interval of positive width from at least two launches; anything less is inconclusive
+    and says why."""
 
     concurrency: int
     k: int
