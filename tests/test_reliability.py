@@ -357,10 +357,12 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
     from prefect.states import Cancelling
 
     args_file = standin_engine
-    args_file.write_text("--step-ms 100")  # ~0.8 s a request: the cell is still running when cancelled
+    # ~0.8 s a request, 80 requests: the cell still runs when a slow cancellation lands (in a CI run of
+    # 2026-12-04 the cell of 40 requests had ended ok before the cancellation reached it)
+    args_file.write_text("--step-ms 100")
     work = corpus(tmp_path / "c.jsonl", [("ok-0", "code", "def add(a, b):", 8)])
     spec = write_spec(
-        tmp_path / "c.yaml", emulator_spec("rel-cancel", work, load={"requests": 40, "request_timeout_s": 30})
+        tmp_path / "c.yaml", emulator_spec("rel-cancel", work, load={"requests": 80, "request_timeout_s": 30})
     )
     directory = campaign_dir(spec)
     env = {
