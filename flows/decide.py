@@ -10,7 +10,7 @@ deploys; the nightly regression runs the promoted config).
 
 from __future__ import annotations
 
-from enum import Enum
+import json
 from typing import Any
 
 from prefect import flow, get_run_logger, pause_flow_run, task
@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from analysis.verification import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
 from flows.analyze import analyze as analyze_flow
-from flows.campaign import ExperimentFile, campaign
+from flows.campaign import ExperimentFile, campaign, spec_file_of
 from flows.ingest import ingest as ingest_flow
 from specgauge.settings import get_settings
 from warehouse.db import reader
@@ -65,10 +65,6 @@ class Approval(RunInput):
     note: str = Field(default="", description="Why, or what to watch.")
 
 
-def spec_value(spec: ExperimentFile | str) -> str:
-    return spec.value if isinstance(spec, Enum) else str(spec)
-
-
 @task(name="recommend", cache_policy=NO_CACHE)
 def recommend_task(campaign_id: str, workload: str | None) -> VerificationPlan:
     plan = plan_verification(campaign_id, workload)
@@ -98,6 +94,13 @@ def decision_task(plan: VerificationPlan, campaign_id: str) -> dict[str, Any]:
     return {"decision_id": doc.decision_id, "path": str(path), **doc.model_dump(mode="json")}
 
 
+def span(x: float | None, lo: float | None, hi: float | None) -> str:
+    """A ratio with its interval, as the decision's tables print it."""
+    if x is None:
+        return "–"
+    return f"{x:.3f}x" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else " (no interval)")
+
+
 def decision_markdown(doc: dict[str, Any]) -> str:
     """The decision as the run's artifact and the sign-off form's description."""
     lines = [
@@ -109,12 +112,6 @@ def decision_markdown(doc: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for load in doc["loads"]:
-
-        def span(x: float | None, lo: float | None, hi: float | None) -> str:
-            if x is None:
-                return "–"
-            return f"{x:.3f}x" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else " (no interval)")
-
         lines.append(
             f"| {load['batch_from']}-{load['batch_to']} (C={load['concurrency']}) | {load['k'] or 'off'} | "
             f"{load['claim']} | {span(load['sweep_speedup'], None, None)} | "
@@ -123,8 +120,6 @@ def decision_markdown(doc: dict[str, Any]) -> str:
             f"{load['outcome']}: {load['reason']} |"
         )
     if doc.get("speculative_config"):
-        import json
-
         lines += ["", "`--speculative-config`:", "", "```json", json.dumps(doc["speculative_config"]), "```"]
     lines += ["", *(f"- {note}" for note in doc.get("caveats") or [])]
     return "\n".join(lines)
@@ -156,7 +151,7 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     """Decide whether and how to turn speculative decoding on: sweep, recommend, verify the schedule by a
     launch, record the verdict per load, and (with sign-off) promote the config after a person's approval."""
     request = request or DecisionRequest()
-    spec = request.spec_path or spec_value(request.spec)
+    spec = spec_file_of({"spec": request.spec, "spec_path": request.spec_path})
     sweep_id = request.sweep_campaign_id or campaign(spec_path=spec, label=request.label)["campaign_id"]
     plan = recommend_task(sweep_id, request.workload)
     campaign_id = sweep_id
