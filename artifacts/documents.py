@@ -562,7 +562,16 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String(),
     "token_ids": pl.List(pl.Int64()),
     "text": pl.String(),
+    "spec_steps": pl.Int64(),
+    "spec_draft_tokens": pl.Int64(),
+    "spec_accepted_tokens": pl.Int64(),
+    "spec_acceptance_histogram": pl.List(pl.Int64()),
 }
+# Columns a requests.parquet written before they existed lacks: read as null (acceptance per request came
+# with vLLM 0.32's per-request metrics; older cells have only the counters).
+REQUEST_OPTIONAL_COLUMNS = frozenset(
+    {"spec_steps", "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance_histogram"}
+)
 
 # gauges.parquet: one row per /metrics scrape during a cell. `t_s`: seconds from the cell's t0 (the request
 # records' clock), the midpoint of the scrape; `kv_cache_usage` 0..1; `preemptions_total` cumulative.

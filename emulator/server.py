@@ -265,6 +265,7 @@ class _Generation:
         self.created = int(time.time())
         self.emitted = 0
         self.chunks = 0
+        self.histogram = [0] * (config.k + 1)  # verify steps by drafts accepted (vLLM's per-request block)
         self.handle: asyncio.Handle | None = None
         self.due = 0.0
         self.received = request.arrived
@@ -338,6 +339,7 @@ class _Generation:
         counters.drafts += 1
         counters.draft_tokens += k
         counters.accepted_tokens += accepted
+        self.histogram[accepted] += 1
         per_pos = counters.accepted_per_pos
         for pos in range(accepted):
             per_pos[pos] = per_pos.get(pos, 0) + 1
@@ -456,11 +458,27 @@ class _Generation:
             "completion_tokens": self.emitted,
         }
 
+    def _spec_decoding(self) -> dict[str, Any]:
+        steps = sum(self.histogram)
+        accepted = sum(j * count for j, count in enumerate(self.histogram))
+        drafted = steps * self.config.k
+        return {
+            "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "acceptance_histogram": list(self.histogram),
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": drafted,
+            "num_spec_tokens": self.config.k,
+        }
+
     def _tail(self) -> bytes:
         out = b""
         if self.include_usage:
             usage = self._envelope([])
             usage["usage"] = self._usage()
+            if self.config.k > 0:  # vLLM >= 0.32 with --per-request-spec-decode-metrics summary
+                usage["metrics"] = {"speculative_decoding": self._spec_decoding()}
             out += _event(usage)
         return out + _DONE + _END
 

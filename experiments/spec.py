@@ -65,6 +65,12 @@ class TargetSpec(Strict):
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    per_request_acceptance: bool = Field(
+        default=True,
+        description="Start speculative engines with `--per-request-spec-decode-metrics summary` (vLLM >= 0.32), "
+        "so each response carries its own acceptance: acceptance intervals then come from the spread between "
+        "prompts. Set false for an older vLLM that refuses the flag (acceptance then has the counters only).",
+    )
 
     @field_validator("served_model_name")
     @classmethod

@@ -237,6 +237,7 @@ def _serve_script(spec: ExperimentSpec, found: Deployable) -> tuple[str, list[st
         host=SERVE_HOST,
         port=SERVE_PORT,
         resolve=resolve,
+        measure=False,
     )
     text = (
         "#!/bin/bash\n"

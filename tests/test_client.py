@@ -90,7 +90,29 @@ def test_speculative_chunks_exact_token_counts_and_tpot(emulator):
         assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 39)
         assert r.tpot_s == pytest.approx((server["last"] - server["first"]) / 39, abs=0.0001)
         assert r.tpot_s < 0.008 * 0.75
+        # vLLM's per-request acceptance block: one verify step per chunk after the prefill's, and the
+        # histogram's accepted drafts are exactly the chunks' extra tokens
+        assert r.spec_steps == r.chunks - 1 and r.spec_draft_tokens == 3 * r.spec_steps
+        assert r.spec_acceptance_histogram is not None and len(r.spec_acceptance_histogram) == 4
+        assert r.spec_accepted_tokens == sum(n - 1 for n in r.chunk_tokens[1:]) == 40 - r.chunks
     assert multi > 0
+    frame = records_frame(records)
+    assert frame["spec_accepted_tokens"].sum() == sum(r.spec_accepted_tokens or 0 for r in records) > 0
+
+
+def test_acceptance_fields_stay_null_without_speculation_or_with_a_malformed_block(emulator):
+    from tasks.load.client import _spec_decode
+
+    emulator.configure(k=0, step_ms=2)
+    plain = one(emulator.url)
+    assert plain.ok and plain.spec_steps is None and plain.spec_acceptance_histogram is None
+    record = RequestRecord(index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0)
+    block = {"num_spec_steps": 3, "num_draft_tokens": 9, "num_accepted_draft_tokens": 4}
+    _spec_decode(record, {**block, "acceptance_histogram": [1, 1, 0, 1]})  # 1 + 3 = 4 accepted: whole
+    assert (record.spec_steps, record.spec_accepted_tokens) == (3, 4)
+    broken = RequestRecord(index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0)
+    _spec_decode(broken, {**block, "acceptance_histogram": [0, 1, 0, 1]})  # 2 steps, 4 accepted: not whole
+    assert broken.spec_steps is None and broken.spec_accepted_tokens is None
 
 
 def test_tokens_per_chunk_derived_when_server_ignores_token_ids(emulator):
@@ -269,3 +291,9 @@ def test_real_engine_speculative_chunks_carry_several_exact_tokens(engines):
     # speculation on a looping continuation: some chunks carry accepted drafts plus the bonus token
     assert max(n for r in records for n in r.chunk_tokens) >= 2
     assert sum(r.chunks for r in records) < sum(r.completion_tokens for r in records)
+    # vLLM 0.32's per-request acceptance (--per-request-spec-decode-metrics summary, tasks/launch/command.py):
+    # every verify step after the prefill's token emits its accepted drafts plus one
+    for r in records:
+        assert r.spec_steps and r.spec_draft_tokens == 3 * r.spec_steps, r
+        assert r.spec_accepted_tokens + r.spec_steps == r.completion_tokens - 1, r
+    assert sum(r.spec_accepted_tokens for r in records) > 0

@@ -167,6 +167,7 @@ class ParquetPart:
     key: str
     columns: tuple[tuple[str, str], ...]  # (column in the file, column in the table), after the key
     size: int = 0  # bytes: sizes batches (about 250 bytes a request row)
+    optional: frozenset[str] = frozenset()  # columns a file may lack (read as null)
 
     def read(self, model: Model) -> pl.DataFrame:
         """This file alone; problems are ArtifactInvalid naming the file and column."""
@@ -174,9 +175,11 @@ class ParquetPart:
             data = self.path.read_bytes()
         except OSError as exc:
             raise ArtifactInvalid(f"cannot read: {exc.strerror or exc}", file=self.file) from None
-        frame = load_parquet({self.file: data}, self.file, [c for c, _ in self.columns])
+        required = [c for c, _ in self.columns if c not in self.optional]
+        frame = load_parquet({self.file: data}, self.file, required)
         frame = frame.select(
-            pl.lit(self.key, pl.String).alias(self.key_column), *[pl.col(c).alias(t) for c, t in self.columns]
+            pl.lit(self.key, pl.String).alias(self.key_column),
+            *_columns(frame.columns, self.columns, self.optional),
         )
         return conform(frame, model, self.file)
 
@@ -196,6 +199,7 @@ def parquet_part(
     columns: tuple[tuple[str, str], ...],
     *,
     required: bool,
+    optional: frozenset[str] = frozenset(),
 ) -> Part:
     """A parquet file of an artifact: a ParquetPart when the caller reads in batches (it gave the
     directory), else the frame, read from the bytes at hand; an empty frame when it is absent and may be."""
@@ -204,10 +208,21 @@ def parquet_part(
             raise ArtifactInvalid("file missing", file=file)
         return pl.DataFrame(schema=table_schema(model))
     if directory is not None:
-        return ParquetPart(Path(directory) / file, file, key_column, key, columns, len(files[file]))
-    frame = load_parquet(files, file, [c for c, _ in columns])
-    frame = frame.select(pl.lit(key, pl.String).alias(key_column), *[pl.col(c).alias(t) for c, t in columns])
+        return ParquetPart(Path(directory) / file, file, key_column, key, columns, len(files[file]), optional)
+    frame = load_parquet(files, file, [c for c, _ in columns if c not in optional])
+    frame = frame.select(pl.lit(key, pl.String).alias(key_column), *_columns(frame.columns, columns, optional))
     return conform(frame, model, file)
+
+
+def _columns(
+    present: Sequence[str], columns: tuple[tuple[str, str], ...], optional: frozenset[str]
+) -> list[pl.Expr]:
+    """The file's columns renamed to the table's; an optional column the file lacks (written before the
+    column existed) reads as null."""
+    have = set(present)
+    return [
+        pl.col(c).alias(t) if c in have or c not in optional else pl.lit(None).alias(t) for c, t in columns
+    ]
 
 
 @dataclass
@@ -223,7 +238,11 @@ class ReadParts:
 def read_parquet_parts(model: Model, parts: Sequence[ParquetPart]) -> ReadParts:
     """Each part's rows (or its problem), reading all the files in one polars call when they agree; when
     they do not (a missing column, a corrupt file, a bad value), file by file to find which one is wrong."""
-    if len(parts) > 1 and len({p.columns for p in parts}) == 1 and len({p.path for p in parts}) == len(parts):
+    if (
+        len(parts) > 1
+        and len({(p.columns, p.optional) for p in parts}) == 1
+        and len({p.path for p in parts}) == len(parts)
+    ):
         try:
             return _read_together(model, parts)
         except (pl.exceptions.PolarsError, OSError, ArtifactInvalid, ValueError):
@@ -243,11 +262,8 @@ def _read_together(model: Model, parts: Sequence[ParquetPart]) -> ReadParts:
     # The first file's schema for all (a file that differs raises, and is then found file by file): polars
     # then skips inferring each file's schema, about a sixth of the read.
     schema = pl.read_parquet_schema(paths[0])
-    combined = (
-        pl.scan_parquet(paths, schema=schema, include_file_paths="_path")
-        .select(*[c for c, _ in first.columns], "_path")
-        .collect()
-    )
+    wanted = [c for c, _ in first.columns if c in schema or c not in first.optional]
+    combined = pl.scan_parquet(paths, schema=schema, include_file_paths="_path").select(*wanted, "_path").collect()
     runs = combined.get_column("_path").rle()
     files = runs.struct.field("value").to_list()
     counts = runs.struct.field("len").to_list()
@@ -259,7 +275,7 @@ def _read_together(model: Model, parts: Sequence[ParquetPart]) -> ReadParts:
     keys = pl.Series(first.key_column, [key_of[f] for f in files], dtype=pl.String)
     combined = combined.select(
         keys.gather(np.repeat(np.arange(len(files)), counts)),
-        *[pl.col(c).alias(t) for c, t in first.columns],
+        *_columns(combined.columns, first.columns, first.optional),
     )
     combined = conform(combined, model, first.file).rechunk()
     rows_of = dict(zip(files, counts, strict=True))

@@ -24,11 +24,13 @@ def vllm_args(
     host: str,
     port: int | str,
     resolve: Callable[[str], str] = str,
+    measure: bool = True,
 ) -> list[str]:
     """Arguments after `python -m vllm.entrypoints.openai.api_server`.
 
     `resolve` maps model paths as written in the spec to what the engine host sees (absolute local paths
-    for the local launcher, untouched for clusters).
+    for the local launcher, untouched for clusters). `measure=False` leaves out what only a measurement
+    needs (the per-request acceptance block): the command a team deploys (tasks/promote.py).
     """
     args = [
         "--model",
@@ -55,6 +57,8 @@ def vllm_args(
         if "model" in spec_config:
             spec_config["model"] = resolve(spec_config["model"])
         args += ["--speculative-config", json.dumps(spec_config, separators=(",", ":"))]
+        if measure and target.per_request_acceptance:  # each response carries its own acceptance (client.py)
+            args += ["--per-request-spec-decode-metrics", "summary"]
     if variant.hot_swap:  # the head can be swapped in place (tasks/drafters/swap.py); needs hot_swap_env
         args += ["--worker-extension-cls", EXTENSION_CLASS]
     return [*args, *target.extra_args, *variant.extra_args]

@@ -14,6 +14,10 @@
   `time.perf_counter()` in the protocol's `data_received`, before any task switch.
 - **completion tokens** come from the usage block (`stream_options.include_usage`); a stream without one
   is a failed request (`no_usage`). **TPOT** = (E2E - TTFT) / (tokens - 1) for >= 2 tokens.
+- **acceptance per request**: vLLM >= 0.32 started with `--per-request-spec-decode-metrics summary`
+  (tasks/launch/command.py adds it for speculative variants) puts `metrics.speculative_decoding` on the
+  usage chunk: verify steps, draft tokens, accepted draft tokens and the histogram of accepted drafts per
+  step. They fill `spec_*`; null when the server gives none (plain, an older vLLM, the flag off).
 - **tokens per chunk**: the request asks vLLM for per-chunk token ids (`"return_token_ids": true`); when
   every token-bearing chunk carries `token_ids`, `chunk_tokens` are exact (`tokens_exact`). Otherwise they
   are derived: usage's tokens spread evenly over the chunks (remainder to the earliest). A server that
@@ -84,6 +88,7 @@ class _Exchange:
         "parts",
         "pending",
         "sent",
+        "spec_decode",
         "status",
         "texts",
         "token_ids",
@@ -104,6 +109,7 @@ class _Exchange:
         self.first: float | None = None
         self.last: float | None = None
         self.usage: dict[str, Any] | None = None
+        self.spec_decode: dict[str, Any] | None = None  # vLLM's per-request acceptance (metrics block)
         self.finish_reason: str | None = None
         self.done = False
         self.error_class: ErrorClass | None = None
@@ -175,6 +181,9 @@ class _Exchange:
         usage = obj.get("usage")
         if usage:
             self.usage = usage
+            metrics = obj.get("metrics")
+            if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+                self.spec_decode = metrics["speculative_decoding"]
         choices = obj.get("choices")
         if not choices:
             error = obj.get("error")
@@ -409,6 +418,7 @@ class StreamingClient:
         usage = ex.usage or {}
         record.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
         record.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+        _spec_decode(record, ex.spec_decode)
         if self.keep_text:
             record.text = "".join(ex.texts)
         if self.keep_token_ids and ex.token_ids:
@@ -453,3 +463,23 @@ class StreamingClient:
 
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _spec_decode(record: RequestRecord, block: dict[str, Any] | None) -> None:
+    """The per-request acceptance block's counts, when whole and consistent; else the fields stay null (a
+    malformed block must not fail a request that streamed fine: acceptance then comes from the counters)."""
+    if not block:
+        return
+    steps = _int_or_none(block.get("num_spec_steps"))
+    drafted = _int_or_none(block.get("num_draft_tokens"))
+    accepted = _int_or_none(block.get("num_accepted_draft_tokens"))
+    histogram = block.get("acceptance_histogram")
+    if steps is None or drafted is None or accepted is None or not isinstance(histogram, list):
+        return
+    counts = [_int_or_none(v) for v in histogram]
+    if any(c is None or c < 0 for c in counts) or sum(counts) != steps:  # type: ignore[operator, arg-type]
+        return
+    if sum(j * c for j, c in enumerate(counts)) != accepted:  # type: ignore[operator]
+        return
+    record.spec_steps, record.spec_draft_tokens, record.spec_accepted_tokens = steps, drafted, accepted
+    record.spec_acceptance_histogram = counts  # type: ignore[assignment]

@@ -49,6 +49,12 @@ class RequestRecord:
     error: str | None = None
     token_ids: list[int] | None = None  # kept only when asked (greedy capture)
     text: str | None = None  # kept only when asked (greedy capture)
+    # vLLM's per-request acceptance (tasks.load.client): verify steps, draft tokens, accepted draft tokens,
+    # and verify steps by the number of drafts they accepted (index j: j accepted; length k + 1)
+    spec_steps: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_acceptance_histogram: list[int] | None = None
 
     def as_row(self) -> dict:
         return asdict(self)

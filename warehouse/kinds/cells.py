@@ -19,6 +19,7 @@ from artifacts import ids, layout
 from artifacts.documents import (
     ERROR_CLASSES,
     GAUGE_SCHEMA,
+    REQUEST_OPTIONAL_COLUMNS,
     REQUEST_SCHEMA,
     CellMeta,
     CellSummary,
@@ -157,6 +158,16 @@ class RequestModel(pa.DataFrameModel):
     error: pl.String = pa.Field(nullable=True)
     token_ids: pl.List(pl.Int64) = pa.Field(nullable=True)
     text: pl.String = pa.Field(nullable=True)
+    spec_steps: pl.Int64 = pa.Field(**_NonNegative)
+    spec_draft_tokens: pl.Int64 = pa.Field(**_NonNegative)
+    spec_accepted_tokens: pl.Int64 = pa.Field(**_NonNegative)
+    spec_acceptance_histogram: pl.List(pl.Int64) = pa.Field(nullable=True)
+
+    @pa.dataframe_check(error="spec_accepted_tokens: must not exceed spec_draft_tokens")
+    def accepted_within_drafts(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(
+            (pl.col("spec_accepted_tokens") <= pl.col("spec_draft_tokens")).fill_null(True)
+        )
 
     @pa.dataframe_check(error="request_index: each request index appears once per cell")
     def unique_index(cls, data: PolarsData) -> pl.LazyFrame:
@@ -329,6 +340,7 @@ def cell_frames(
         cell_key,
         _REQUEST_COLUMNS,
         required=needs_tables,
+        optional=REQUEST_OPTIONAL_COLUMNS,
     )
     frames["gauges"] = parquet_part(
         files,
