@@ -2,6 +2,13 @@
 returns a chart, or None when the campaign has nothing to draw. `save_chart` writes a self-contained HTML
 file (Vega, Vega-Lite and Vega-Embed inline: it renders offline, no CDN) and a PNG (vl-convert).
 
+Wide intervals never flatten a chart (issue 30): ratios (speedups, new head / old head, projected
+speedups) sit on a log axis centred on 1, [1/R, R] with R chosen from the point estimates
+(`ratio_range`); bands are clipped to that stated range and a triangle at the edge marks an interval that runs
+past it (`clip_ratio_band`). Every point estimate is drawn, hollow where it has no interval, and its n is in
+the tooltip and the subtitle (labelled beside the point when it varies). Charts of other quantities with
+bands clip them the same way to a range set by their points (`clip_spread_band`).
+
 Latency charts say which inter-token latency they show: a `chunk gap` is the time between two streamed
 chunks (under speculation one chunk often carries several tokens, so it is not a per-token latency, although
 vLLM's bench reports it as "ITL"); `ITL per token` divides each gap by the tokens of its chunk.
@@ -9,6 +16,8 @@ vLLM's bench reports it as "ITL"); `ITL per token` divides each gap by the token
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +27,15 @@ import polars as pl
 from analysis.stats import percent
 
 WIDTH, HEIGHT = 200, 150
+# The ratio axis [1/R, R] (`ratio_range`): never narrower than 0.8x-1.25x; the points' largest |log ratio|
+# times POINT_MARGIN always fits (a point is never clipped); bands may widen it up to BAND_ROOM times the
+# points' log extent (at least to 0.5x-2x) but never past RATIO_CAP; R is then rounded up to a round number.
+RATIO_FLOOR, RATIO_CAP = 1.25, 8.0
+POINT_MARGIN, BAND_ROOM = 1.2, 2.0
+NICE_MANTISSAS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+# Other quantities: no band may stretch a panel's axis past SPREAD_FACTOR times the span of its points.
+SPREAD_FACTOR = 10.0
+PAST_NOTE = "\u25b2/\u25bc = the interval runs past"
 SPEEDUP_METRICS = {
     "throughput": "output throughput",
     "tpot_p50": "TPOT p50",

@@ -1,12 +1,23 @@
 """Statistics over independently launched deployments (repeats): Student t intervals via scipy.
 
-Requests inside one deployment are not independent replicates, so every interval here is over per-deployment
-(per-repeat) values, never requests. Why t and not the bootstrap: campaigns have 2-5 repeats, and a percentile
-bootstrap of the mean of n values covers 50% at n = 2 and 82% at n = 5 for a nominal 95%
+Requests inside one deployment are not independent replicates, so every interval on a speed here is over
+per-deployment (per-repeat) values, never requests. Why t and not the bootstrap: campaigns have 2-5 repeats, and
+a percentile bootstrap of the mean of n values covers 50% at n = 2 and 82% at n = 5 for a nominal 95%
 (benchmarks/interval_coverage.py, docs/analysis.md); t intervals hold their level at every n because they pay
 for the unknown spread with t(n - 1) quantiles (12.7 at n = 2: two repeats give a wide interval, honestly).
 Ratios (speedups) are treated on the log scale, where run-to-run noise is multiplicative and symmetric: the
 estimate is the geometric mean and the interval exp(mean +- t s / sqrt(n)) of the log-ratios.
+
+Two additions pay for the few launches differently:
+
+- `pooled_ratio_interval`: the launch-to-launch variance is taken from past campaigns of the same launcher,
+  host class and model (`LaunchVariance`, pooled with today's), so two launches give a usable interval and
+  one launch gives one at all. It is only as good as the history is like today (see its docstring).
+- `cluster_ratio_interval`: acceptance (mean acceptance length, acceptance rate) is identical in every launch
+  under greedy decoding, so its spread is between prompts: a bootstrap over prompts (clusters of requests).
+
+An answer without an interval keeps low == high == the estimate (NaN bounds where no value is defined) and a
+method that ends in "no interval"; `has_interval` is True only for finite bounds with high > low.
 """
 
 from __future__ import annotations
@@ -31,6 +42,10 @@ class Interval:
         return self.low > value or self.high < value
 
 
+POINT = "point (fewer than 2 repeats): no interval"
+DEGENERATE = "degenerate (all repeats equal): no interval"
+
+
 def percent(confidence: float) -> str:
     """0.95 -> '95%', 0.975 -> '97.5%' (a format of .0% would print 98%)."""
     return f"{confidence * 100:g}%"
@@ -47,9 +62,9 @@ def _t_bounds(values: np.ndarray, confidence: float) -> tuple[float, float, floa
 def _too_few(values: np.ndarray, estimate: float) -> Interval | None:
     """The point-only answers: fewer than two repeats, or repeats that are all equal (no spread to scale)."""
     if len(values) < 2:
-        return Interval(estimate, estimate, estimate, len(values), "point (fewer than 2 repeats)")
+        return Interval(estimate, estimate, estimate, len(values), POINT)
     if np.allclose(values, values[0], rtol=0, atol=1e-12):
-        return Interval(estimate, estimate, estimate, len(values), "degenerate (all repeats equal)")
+        return Interval(estimate, estimate, estimate, len(values), DEGENERATE)
     return None
 
 
@@ -92,10 +107,10 @@ def ratio_of_means_interval(
     b = np.log(np.asarray(baseline, dtype=float))
     estimate = math.exp(float(t.mean() - b.mean()))
     if len(t) < 2 or len(b) < 2:
-        return Interval(estimate, estimate, estimate, min(len(t), len(b)), "point (fewer than 2 repeats)")
+        return Interval(estimate, estimate, estimate, min(len(t), len(b)), POINT)
     vt, vb = float(t.var(ddof=1)) / len(t), float(b.var(ddof=1)) / len(b)
     if vt + vb == 0:
-        return Interval(estimate, estimate, estimate, min(len(t), len(b)), "degenerate (all repeats equal)")
+        return Interval(estimate, estimate, estimate, min(len(t), len(b)), DEGENERATE)
     df = (vt + vb) ** 2 / ((vt**2 / (len(t) - 1) if vt else 0.0) + (vb**2 / (len(b) - 1) if vb else 0.0))
     half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(vt + vb)
     log_ratio = math.log(estimate)
@@ -116,11 +131,11 @@ def per_repeat_interval(
     finite (it never crossed within the measured range) gives no interval: there is nothing to average."""
     values = np.asarray(per_repeat, dtype=float)
     if len(values) < 2:
-        return Interval(estimate, estimate, estimate, len(values), "point (fewer than 2 repeats)")
+        return Interval(estimate, estimate, estimate, len(values), POINT)
     if not np.isfinite(values).all():
         return Interval(estimate, math.nan, math.nan, len(values), "a repeat does not cross: no interval")
     if np.allclose(values, values[0], rtol=0, atol=1e-12):
-        return Interval(estimate, estimate, estimate, len(values), "degenerate (all repeats equal)")
+        return Interval(estimate, estimate, estimate, len(values), DEGENERATE)
     _, low, high = _t_bounds(values, confidence)
     return Interval(estimate, low, high, len(values), f"t over per-repeat values {percent(confidence)}")
 
@@ -131,15 +146,21 @@ NO_INTERVAL = "n=1, no interval"
 
 
 def interval_label(interval: Interval) -> str:
-    """How a table names an interval's basis: the method, or that there is none (one repeat)."""
-    if interval.n < 2:
+    """How a table names an interval's basis, always with its n: "n=3, t on log-ratios 95%", "n=1, no
+    interval" (one repeat, nothing else to say), "n=3, degenerate (all repeats equal): no interval"."""
+    drawn = has_interval(interval)
+    if not drawn and interval.n < 2:
         return f"n={interval.n}, no interval"
-    return f"n={interval.n}, {interval.method}"
+    method = interval.method
+    if not drawn and not method.endswith("no interval"):
+        method += ": no interval"
+    return f"n={interval.n}, {method}"
 
 
 def has_interval(interval: Interval) -> bool:
-    """True when the interval rests on at least two independently launched deployments and has bounds."""
-    return interval.n >= 2 and math.isfinite(interval.low) and math.isfinite(interval.high)
+    """True only for an interval with finite bounds and positive width (high > low), whatever its n (a pooled
+    interval may rest on one launch). Zero-width answers (one repeat, all repeats equal) are no evidence."""
+    return math.isfinite(interval.low) and math.isfinite(interval.high) and interval.high > interval.low
 
 
 @dataclass(frozen=True)
@@ -190,3 +211,268 @@ def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = 0.
         p_value=float(result.pvalue) if np.isfinite(result.pvalue) else None,
         note=f"least squares, {percent(confidence)} t interval, {n - 2} df",
     )
+
+
+# ------------------------------------------------------------------------- pooled launch-to-launch variance
+
+
+@dataclass(frozen=True)
+class LaunchVariance:
+    """The launch-to-launch variance of log(per-launch output throughput) within one cell (one arm), estimated
+    from past campaigns of the same launcher, host class and model (the warehouse's query; `pooled_variance`
+    is its arithmetic)."""
+
+    variance: float  # of log(per-launch value) across launches of one cell (one arm)
+    df: int  # pooled degrees of freedom, sum over history cells of (launches - 1)
+    campaigns: int  # how many past campaigns it came from
+    first: str  # ISO date of the oldest, e.g. "2026-11-30"
+    last: str  # ISO date of the newest
+    source: str = "plain repeats and A/A pairs"
+
+    def label(self) -> str:
+        """'launch variance pooled from 14 campaigns (2026-11-30..2026-12-04)'."""
+        plural = "" if self.campaigns == 1 else "s"
+        return f"launch variance pooled from {self.campaigns} campaign{plural} ({self.first}..{self.last})"
+
+
+def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(pooled variance of the logs, df) over groups of per-launch values (each group = one cell's launches;
+    groups with < 2 values add nothing): sum of (k - 1) s_k^2 over sum of (k - 1). (NaN, 0) without any."""
+    squares, df = 0.0, 0
+    for group in groups:
+        values = np.asarray(group, dtype=float)
+        if len(values) < 2:
+            continue
+        if not (np.isfinite(values).all() and (values > 0).all()):
+            raise ValueError(f"per-launch values must be positive and finite: {values.tolist()}")
+        logs = np.log(values)
+        squares += float(((logs - logs.mean()) ** 2).sum())
+        df += len(values) - 1
+    return (squares / df if df else math.nan), df
+
+
+def pooled_ratio_interval(
+    ratios: Sequence[float], history: LaunchVariance | None, *, confidence: float = 0.95
+) -> Interval:
+    """Geometric mean of paired per-launch ratios (two arms, each launched once per repeat) with a t interval
+    whose launch-to-launch variance is pooled from history and today's launches.
+
+    d_i = log(ratio_i); with both arms sharing the launch variance sigma^2, var(d) = 2 sigma^2. Pooled
+    sigma^2 = (df_h v_h + (n - 1) s_d^2 / 2) / (df_h + n - 1) (today's term only with n >= 2); halfwidth =
+    t(df_h + n - 1) sqrt(2 sigma^2 / n); estimate exp(mean d), bounds exp(mean d +- halfwidth). One launch per
+    arm gives an interval. Without history (None, or df < 1, or a non-finite variance) this is
+    `ratio_interval`.
+
+    The interval is exactly as good as the assumption that today's launch variance is the history's. History
+    has far more degrees of freedom than today (14-28 against 1-2), so it sets the width: if today's launches
+    vary more than history's (another host class, a noisy neighbour, a speculative arm noisier than the plain
+    and A/A launches the history measures), the interval is too narrow and covers less than its nominal
+    level. With history sigma half of today's it covers about 70% at two launches instead of 95%
+    (benchmarks/interval_coverage.py, "history sigma half today's"); the pooled df does not protect against
+    this, and with n = 1-2 today's own spread cannot detect it. Hence history only from the same launcher,
+    host class and model, and recent.
+    """
+    if history is None or history.df < 1 or not math.isfinite(history.variance):
+        return ratio_interval(ratios, confidence=confidence)
+    if history.variance < 0:
+        raise ValueError(f"a variance cannot be negative: {history.variance}")
+    r = np.asarray(ratios, dtype=float)
+    if len(r) == 0:
+        raise ValueError("no ratios")
+    if (r <= 0).any() or not np.isfinite(r).all():
+        raise ValueError(f"ratios must be positive and finite: {r.tolist()}")
+    d = np.log(r)
+    n = len(d)
+    mean = float(d.mean())
+    df = history.df + n - 1
+    squares = history.df * history.variance + ((n - 1) * float(d.var(ddof=1)) / 2 if n >= 2 else 0.0)
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(2 * (squares / df) / n)
+    estimate = math.exp(mean)
+    if half == 0:
+        return Interval(estimate, estimate, estimate, n, DEGENERATE)
+    return Interval(
+        estimate,
+        math.exp(mean - half),
+        math.exp(mean + half),
+        n,
+        f"t on log-ratios, {history.label()} {percent(confidence)}",
+    )
+
+
+# ------------------------------------------------------------------- prompt-clustered bootstrap of a ratio
+
+CLUSTER_VARIANTS = ("percentile", "BCa", "bootstrap-t", "delta t")
+CLUSTER_VARIANT = "bootstrap-t"  # chosen by coverage (benchmarks/interval_coverage.py, docs/analysis.md)
+
+
+def cluster_ratio_interval(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    clusters: Sequence[str],
+    launches: Sequence[str] | None = None,
+    *,
+    offset: float = 0.0,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    min_clusters: int = 5,
+    unit: str = "prompts",
+) -> Interval:
+    """offset + sum(numerator) / sum(denominator) over requests (rows), with a bootstrap interval over
+    clusters (prompts): mean acceptance length = 1 + sum(accepted) / sum(verify steps) (offset 1), acceptance
+    rate = sum(accepted) / sum(drafted). n = the number of clusters.
+
+    Under greedy decoding every launch gives the same acceptance, so intervals over launches are degenerate;
+    the spread that generalises is between prompts. Rows are summed to (launch, cluster) totals; a resample
+    draws clusters with replacement, each carrying its rows of every launch; with 3 or more distinct launches
+    it first draws launches, then clusters (two-stage). The interval is the bootstrap-t (studentized with the
+    delta-method standard error of a ratio of sums), which held its level from 8 prompts on where the
+    percentile and BCa intervals fell short (docs/analysis.md, interval coverage). Fewer than `min_clusters`
+    clusters, no denominator, or every cluster with the same ratio give no interval (low == high, the method
+    says why)."""
+    found = cluster_ratio_intervals(
+        numerator,
+        denominator,
+        clusters,
+        launches,
+        offset=offset,
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+        min_clusters=min_clusters,
+        unit=unit,
+        variants=(CLUSTER_VARIANT,),
+    )
+    return found if isinstance(found, Interval) else found[CLUSTER_VARIANT]
+
+
+def _codes(labels: Sequence[str], rows: int, what: str) -> tuple[np.ndarray, int]:
+    if len(labels) != rows:
+        raise ValueError(f"{what}: {len(labels)} labels for {rows} rows")
+    _, codes = np.unique(np.asarray(labels, dtype=str), return_inverse=True)
+    return codes.ravel(), int(codes.max()) + 1 if rows else 0
+
+
+def _counts(draws: np.ndarray, size: int) -> np.ndarray:
+    """Per resample (row of `draws`, indices in [0, size)), how often each index was drawn: (B, size)."""
+    b = draws.shape[0]
+    flat = (draws + size * np.arange(b)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * size).reshape(b, size).astype(float)
+
+
+def cluster_ratio_intervals(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    clusters: Sequence[str],
+    launches: Sequence[str] | None = None,
+    *,
+    offset: float = 0.0,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    min_clusters: int = 5,
+    unit: str = "prompts",
+    variants: Sequence[str] = CLUSTER_VARIANTS,
+) -> Interval | dict[str, Interval]:
+    """`cluster_ratio_interval` for several bootstrap variants from the same resamples (the coverage benchmark
+    compares them): a dict variant -> Interval, or one no-interval Interval when none can be drawn.
+    Variants: "percentile", "BCa" (bias-corrected and accelerated, jackknife over clusters), "bootstrap-t"
+    (studentized by the delta-method standard error of the ratio), "delta t" (no bootstrap: estimate +-
+    t(clusters - 1) delta-method standard error)."""
+    if unknown := set(variants) - set(CLUSTER_VARIANTS):
+        raise ValueError(f"unknown variants {sorted(unknown)}; known: {CLUSTER_VARIANTS}")
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    if num.shape != den.shape or num.ndim != 1:
+        raise ValueError(f"numerator and denominator differ in shape: {num.shape} {den.shape}")
+    if not (np.isfinite(num).all() and np.isfinite(den).all()):
+        raise ValueError("numerator and denominator must be finite")
+    cluster, n_clusters = _codes(clusters, len(num), "clusters")
+    launch, n_launches = _codes(launches, len(num), "launches") if launches is not None else (None, 1)
+    if launch is None:
+        launch = np.zeros(len(num), dtype=int)
+    # (launch, cluster) totals
+    cells = launch * n_clusters + cluster
+    a_lc = np.bincount(cells, num, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
+    s_lc = np.bincount(cells, den, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
+    a, s = a_lc.sum(0), s_lc.sum(0)
+    total = float(s.sum())
+    ratio = float(a.sum()) / total if total else math.nan
+    estimate = offset + ratio
+
+    def none(why: str) -> Interval:
+        return Interval(estimate, estimate, estimate, n_clusters, f"{why}: no interval")
+
+    if n_clusters < min_clusters:
+        return none(f"fewer than {min_clusters} {unit}")
+    if total == 0:
+        return none("zero denominator")
+    drawn = s > 0
+    per_cluster = a[drawn] / s[drawn]
+    if np.ptp(per_cluster) <= 1e-12 * max(1.0, abs(float(per_cluster.mean()))):
+        return none(f"every one of the {unit} has the same ratio")
+
+    rng = np.random.default_rng(seed)
+    two_stage = n_launches >= 3
+    w = _counts(rng.integers(0, n_clusters, (resamples, n_clusters)), n_clusters)
+    if two_stage:
+        v = _counts(rng.integers(0, n_launches, (resamples, n_launches)), n_launches)
+        a_b, s_b = v @ a_lc, v @ s_lc  # (B, C): each resample's cluster totals over its drawn launches
+        sum_a, sum_s = (w * a_b).sum(1), (w * s_b).sum(1)
+    else:
+        a_b, s_b = a[None, :], s[None, :]
+        sum_a, sum_s = w @ a, w @ s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = sum_a / sum_s
+    keep = np.isfinite(boot)
+    level = 0.5 + confidence / 2
+    alpha = 1 - confidence
+    c = n_clusters
+
+    def delta_se(sum_s, resid_sq):
+        # linearised variance of a ratio of cluster sums: c / (c - 1) * sum (a_i - r s_i)^2 / (sum s)^2
+        return np.sqrt(c / (c - 1) * resid_sq) / sum_s
+
+    se = float(delta_se(total, float(((a - ratio * s) ** 2).sum())))
+    if two_stage:
+        launch_note = f"two-stage bootstrap over {n_launches} launches then {c} {unit}"
+    else:
+        launch_note = f"bootstrap over {c} {unit}" + (
+            f" x {n_launches} launch{'' if n_launches == 1 else 'es'}" if launches is not None else ""
+        )
+    out: dict[str, Interval] = {}
+    for variant in variants:
+        if variant == "percentile":
+            low, high = np.quantile(boot[keep], [alpha / 2, level])
+        elif variant == "BCa":
+            below = float(np.mean(boot[keep] < ratio) + 0.5 * np.mean(boot[keep] == ratio))
+            z0 = float(stats.norm.ppf(min(max(below, 1e-9), 1 - 1e-9)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                jack = (a.sum() - a) / (total - s)
+            jack = jack[np.isfinite(jack)]
+            dev = jack.mean() - jack
+            spread = float((dev**2).sum())
+            accel = float((dev**3).sum()) / (6 * spread**1.5) if spread > 0 else 0.0
+            z = stats.norm.ppf([alpha / 2, level])
+            adjusted = stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
+            low, high = np.quantile(boot[keep], adjusted)
+        elif variant == "bootstrap-t":
+            resid_sq = (w * (a_b - boot[:, None] * s_b) ** 2).sum(1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_star = (boot - ratio) / delta_se(sum_s, resid_sq)
+            t_star = t_star[np.isfinite(t_star)]
+            q_low, q_high = np.quantile(t_star, [alpha / 2, level])
+            low, high = ratio - q_high * se, ratio - q_low * se
+        else:  # delta t
+            half = float(stats.t.ppf(level, c - 1)) * se
+            low, high = ratio - half, ratio + half
+        if (num >= 0).all() and (den >= 0).all():
+            low = max(float(low), 0.0)  # a ratio of non-negative sums is not negative
+        out[variant] = Interval(
+            estimate,
+            offset + float(low),
+            offset + float(high),
+            c,
+            f"{launch_note}, {variant} {percent(confidence)}",
+        )
+    return out

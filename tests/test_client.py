@@ -106,11 +106,15 @@ def test_acceptance_fields_stay_null_without_speculation_or_with_a_malformed_blo
     emulator.configure(k=0, step_ms=2)
     plain = one(emulator.url)
     assert plain.ok and plain.spec_steps is None and plain.spec_acceptance_histogram is None
-    record = RequestRecord(index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0)
+    record = RequestRecord(
+        index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0
+    )
     block = {"num_spec_steps": 3, "num_draft_tokens": 9, "num_accepted_draft_tokens": 4}
     _spec_decode(record, {**block, "acceptance_histogram": [1, 1, 0, 1]})  # 1 + 3 = 4 accepted: whole
     assert (record.spec_steps, record.spec_accepted_tokens) == (3, 4)
-    broken = RequestRecord(index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0)
+    broken = RequestRecord(
+        index=0, prompt_id="p", workload="w", phase="measured", endpoint="chat", queued_s=0
+    )
     _spec_decode(broken, {**block, "acceptance_histogram": [0, 1, 0, 1]})  # 2 steps, 4 accepted: not whole
     assert broken.spec_steps is None and broken.spec_accepted_tokens is None
 

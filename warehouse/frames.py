@@ -210,7 +210,9 @@ def parquet_part(
     if directory is not None:
         return ParquetPart(Path(directory) / file, file, key_column, key, columns, len(files[file]), optional)
     frame = load_parquet(files, file, [c for c, _ in columns if c not in optional])
-    frame = frame.select(pl.lit(key, pl.String).alias(key_column), *_columns(frame.columns, columns, optional))
+    frame = frame.select(
+        pl.lit(key, pl.String).alias(key_column), *_columns(frame.columns, columns, optional)
+    )
     return conform(frame, model, file)
 
 
@@ -263,7 +265,9 @@ def _read_together(model: Model, parts: Sequence[ParquetPart]) -> ReadParts:
     # then skips inferring each file's schema, about a sixth of the read.
     schema = pl.read_parquet_schema(paths[0])
     wanted = [c for c, _ in first.columns if c in schema or c not in first.optional]
-    combined = pl.scan_parquet(paths, schema=schema, include_file_paths="_path").select(*wanted, "_path").collect()
+    combined = (
+        pl.scan_parquet(paths, schema=schema, include_file_paths="_path").select(*wanted, "_path").collect()
+    )
     runs = combined.get_column("_path").rle()
     files = runs.struct.field("value").to_list()
     counts = runs.struct.field("len").to_list()
