@@ -19,7 +19,14 @@ from warehouse.models import METHODS, Exact
 
 # Engine arguments that differ between deployments of one configuration, or that define the variant:
 # left out of engine_settings, which must match for a speculative cell to be compared with a plain one.
-_PER_DEPLOYMENT_FLAGS = ("--host", "--port", "--served-model-name", "--speculative-config", "--api-key")
+_PER_DEPLOYMENT_FLAGS = (
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--speculative-config",
+    "--per-request-spec-decode-metrics",  # a speculative variant's measurement flag (tasks/launch/command.py)
+    "--api-key",
+)
 _SECRET_FLAGS = ("--api-key",)
 
 
