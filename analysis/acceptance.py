@@ -16,7 +16,7 @@ from dataclasses import asdict
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.stats import LinearFit, linear_fit
+from analysis.stats import LinearFit, cluster_ratio_interval, has_interval, interval_label, linear_fit
 
 PREDICTORS = ("acceptance_rate", "mean_acceptance_length")
 RESPONSES = ("ttft_p50_speedup", "tpot_p50_speedup", "throughput_speedup")
@@ -125,3 +125,99 @@ def per_position(data: CampaignData) -> pl.DataFrame:
         .agg(pl.col("acceptance_rate").mean(), pl.len().alias("cells"))
         .sort("variant", "workload", "position")
     )
+
+
+# -------------------------------------------------------------------------- acceptance with its interval
+
+ACCEPTANCE_INTERVAL_SCHEMA = {
+    "variant": pl.String,
+    "method": pl.String,
+    "k": pl.Int32,
+    "workload": pl.String,
+    "load_label": pl.String,
+    "prompts": pl.Int32,
+    "launches": pl.Int32,
+    "requests": pl.Int32,
+    "mean_acceptance_length": pl.Float64,
+    "mean_acceptance_length_low": pl.Float64,
+    "mean_acceptance_length_high": pl.Float64,
+    "acceptance_rate": pl.Float64,
+    "acceptance_rate_low": pl.Float64,
+    "acceptance_rate_high": pl.Float64,
+    "counters_mean_acceptance_length": pl.Float64,
+    "acceptance_interval": pl.String,
+}
+
+
+def acceptance_intervals(data: CampaignData, settings: AnalysisSettings | None = None) -> pl.DataFrame:
+    """Mean acceptance length and acceptance rate per speculative variant, workload and load, from the
+    requests' own acceptance (vLLM's per-request block, tasks.load.client), with a bootstrap interval over
+    prompts (analysis.stats.cluster_ratio_interval; several launches are resampled too). Under greedy decoding
+    every launch accepts the same, so the spread that generalises is between prompts: one launch gets an
+    interval. `counters_mean_acceptance_length` is the cells' counter figure (mean over them) beside it: the
+    requests' sums must agree with the counters. Variants whose requests carry no acceptance (vLLM before
+    0.32, `target.per_request_acceptance: false`) get the counter figure and no interval, and say so."""
+    settings = settings or AnalysisSettings()
+    keys = ["variant", "method", "k", "workload", "load_label"]
+    counters = (
+        data.acceptance.group_by(keys).agg(
+            pl.col("mean_acceptance_length").mean().alias("counters_mean_acceptance_length")
+        )
+        if not data.acceptance.is_empty()
+        else pl.DataFrame(
+            schema={
+                **{k: ACCEPTANCE_INTERVAL_SCHEMA[k] for k in keys},
+                "counters_mean_acceptance_length": pl.Float64,
+            }
+        )
+    )
+    requests = data.request_acceptance
+    rows = []
+    for key in counters.sort(keys).iter_rows(named=True):
+        group = (
+            requests.filter(*[pl.col(k) == key[k] for k in keys if key[k] is not None])
+            if not requests.is_empty()
+            else requests
+        )
+        row = {k: key[k] for k in keys} | {
+            "counters_mean_acceptance_length": key["counters_mean_acceptance_length"]
+        }
+        if group.is_empty():
+            rows.append(
+                row
+                | {
+                    "prompts": 0,
+                    "launches": 0,
+                    "requests": 0,
+                    "mean_acceptance_length": key["counters_mean_acceptance_length"],
+                    "acceptance_interval": "counters only (no per-request acceptance): no interval",
+                }
+            )
+            continue
+        clusters = group["prompt_id"].to_list()
+        launches = group["deployment_id"].to_list()
+        accepted = group["spec_accepted_tokens"].to_list()
+        common = {"confidence": settings.confidence, "seed": 0}
+        mal = cluster_ratio_interval(
+            accepted, group["spec_steps"].to_list(), clusters, launches, offset=1.0, **common
+        )
+        rate = cluster_ratio_interval(
+            accepted, group["spec_draft_tokens"].to_list(), clusters, launches, **common
+        )
+        mal_drawn, rate_drawn = has_interval(mal), has_interval(rate)
+        rows.append(
+            row
+            | {
+                "prompts": len(set(clusters)),
+                "launches": len(set(launches)),
+                "requests": group.height,
+                "mean_acceptance_length": mal.estimate,
+                "mean_acceptance_length_low": mal.low if mal_drawn else None,
+                "mean_acceptance_length_high": mal.high if mal_drawn else None,
+                "acceptance_rate": rate.estimate,
+                "acceptance_rate_low": rate.low if rate_drawn else None,
+                "acceptance_rate_high": rate.high if rate_drawn else None,
+                "acceptance_interval": interval_label(mal),
+            }
+        )
+    return pl.DataFrame(rows, schema=ACCEPTANCE_INTERVAL_SCHEMA)

@@ -15,6 +15,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from analysis.history import launch_history
+from analysis.stats import LaunchVariance
 from experiments.spec import Variant
 from specgauge.errors import InputError
 
@@ -60,6 +62,11 @@ class CampaignData:
         default_factory=pl.DataFrame
     )  # v_aa: the A/A control against plain (may be empty)
     client_calibration: dict[str, Any] | None = None  # the campaign's latest client_calibrations row
+    # measured, ok requests of speculative cells that carry their own acceptance (vLLM's per-request block)
+    request_acceptance: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # plain's launch-to-launch variance pooled from earlier campaigns launched the same way (analysis.history);
+    # None without such history or with `analysis.pool_history: false`
+    history: LaunchVariance | None = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -225,6 +232,17 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         if _has_relation(con, "client_calibrations")
         else pl.DataFrame()
     )
+    request_acceptance = _frame(
+        con,
+        "SELECT c.variant, c.method, c.k, c.repeat, c.deployment_id, c.workload, c.load_label, r.prompt_id, "
+        "r.spec_steps, r.spec_draft_tokens, r.spec_accepted_tokens "
+        "FROM v_cells c JOIN requests r USING (cell_key) "
+        "WHERE c.campaign_id = ? AND NOT c.aa_control AND c.method <> 'none' AND c.server_valid IS NOT FALSE "
+        "AND r.phase = 'measured' AND r.ok AND r.spec_steps > 0 ORDER BY c.cell_id, r.request_index",
+        [cid],
+    )
+    pool = bool(((campaign.get("spec") or {}).get("analysis") or {}).get("pool_history", True))
+    history = launch_history(con, campaign) if pool else None
     return CampaignData(
         campaign_id=cid,
         campaign=campaign,
@@ -239,6 +257,8 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         searches=searches,
         aa=aa,
         client_calibration=calibrations.row(0, named=True) if not calibrations.is_empty() else None,
+        request_acceptance=request_acceptance,
+        history=history,
     )
 
 

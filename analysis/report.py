@@ -397,7 +397,11 @@ def validity_section(validity: pl.DataFrame, confounds: pl.DataFrame) -> Section
     if validity.is_empty():
         return Section("validity", "Validity", '<p class="empty">not judged</p>')
     v = validity.row(0, named=True)
-    verdict = "valid" if v["valid"] else "INVALID: nothing is recommended from it"
+    verdict = {
+        "valid": "valid",
+        "invalid": "INVALID: nothing is recommended from it",
+        "inconclusive": "inconclusive: its recommendations stand on an unverified measurement",
+    }.get(v.get("verdict") or ("valid" if v["valid"] else "invalid"), "not judged")
     rows = [
         (
             "A/A gap (a second plain arm / plain, output throughput)",

@@ -24,7 +24,7 @@ import duckdb
 import polars as pl
 
 from analysis import charts as ch
-from analysis.acceptance import acceptance_fits, per_position
+from analysis.acceptance import acceptance_fits, acceptance_intervals, per_position
 from analysis.adaptive import report_confidence
 from analysis.breakeven import break_even_table
 from analysis.capacity import capacity_table, has_rate_sweep, search_table
@@ -38,7 +38,7 @@ from analysis.report import campaign_sections, external_references, render_page,
 from analysis.simulate.store import TreeSim, load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
-from analysis.validity import confound_table, is_valid, validity_table
+from analysis.validity import confound_table, is_valid, validity_table, verdict_of
 from specgauge.errors import SpecgaugeError
 from specgauge.provenance import git_revision, specgauge_version, utc_stamp
 from specgauge.settings import get_settings
@@ -47,7 +47,9 @@ from warehouse.lock import WaitCallback
 
 PAIRING = (
     "per-repeat ratios against the plain cell of the same workload, load and repeat (repeat r of every variant "
-    "is launched in one block, in a shuffled order); intervals: Student t over repeats, log scale for ratios"
+    "is launched in one block, in a shuffled order); intervals: Student t over repeats, log scale for ratios, "
+    "throughput's with plain's launch variance pooled from earlier campaigns launched the same way where there "
+    "are some; acceptance: bootstrap over prompts"
 )
 
 
@@ -75,6 +77,7 @@ class Results:
     decision: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_decision of this campaign; report only
     validity: pl.DataFrame = field(default_factory=pl.DataFrame)  # one row: A/A, spread, client error
     confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
+    acceptance: pl.DataFrame = field(default_factory=pl.DataFrame)  # per-prompt acceptance intervals
     tree_sim: TreeSim | None = None  # the latest simulation (analysis/simulate); report only
 
     def tables(self) -> dict[str, pl.DataFrame]:
@@ -102,6 +105,7 @@ def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Res
         recommendations=recommend(data, settings, speedups=speedup),
         validity=validity,
         confounds=confound_table(data),
+        acceptance=acceptance_intervals(data, settings),
     )
     results.break_even = break_even_table(data, speedup, results.depth, settings)
     results.searches = search_table(data)
@@ -122,10 +126,16 @@ def campaign_notes(data: CampaignData, results: Results) -> list[str]:
             "rule no variant can win; point estimates are shown for orientation only. Set `repeats: 3` or more."
         )
     validity = results.validity
-    if not validity.is_empty() and not validity["valid"][0]:
+    verdict = verdict_of(validity)
+    if verdict == "invalid":
         notes.append(
             f"the campaign is INVALID ({validity['reasons'][0]}): nothing is recommended from it; rerun it on a "
             "quieter machine or with more repeats"
+        )
+    elif verdict == "inconclusive":
+        notes.append(
+            f"the campaign's validity is INCONCLUSIVE ({validity['reasons'][0]}): read its recommendations "
+            "as unverified"
         )
     confounded = results.confounds.filter(pl.col("differences").list.len() > 0)
     if confounded.height:
@@ -191,9 +201,10 @@ class AnalysisResult:
             if not decisions.is_empty()
             else [],
             "notes": self.results.notes,
-            "valid": is_valid(self.results.validity),
+            "valid": is_valid(self.results.validity) is not False,
+            "validity": verdict_of(self.results.validity),
             "invalid_reasons": None
-            if is_valid(self.results.validity)
+            if is_valid(self.results.validity) is not False
             else str(self.results.validity["reasons"][0]),
             "seconds": round(self.seconds, 3),
         }

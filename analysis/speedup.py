@@ -5,7 +5,10 @@ and corpus hash), load, endpoint, sampling, engine settings and repeat. Repeat r
 in the same block of the campaign (experiments.plan shuffles the variant order within each repeat), so the
 per-repeat ratio speculative_r / plain_r cancels drift between blocks. The estimate is the geometric mean of
 the per-repeat ratios and its interval Student t on their logs (analysis.stats.ratio_interval): independently
-launched deployments are the replicates, never requests. With one repeat there is no interval.
+launched deployments are the replicates, never requests. The throughput ratio pools plain's launch-to-launch
+variance from earlier campaigns launched the same way where the warehouse has them (analysis.history,
+analysis.stats.pooled_ratio_interval; its label names the campaigns and dates): then even one repeat gets an
+interval. Otherwise one repeat has none, and no zero-width interval is ever reported as one.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.data import GAIN_METRICS, AnalysisSettings, CampaignData
-from analysis.stats import Interval, has_interval, interval_label, ratio_interval
+from analysis.stats import Interval, has_interval, interval_label, pooled_ratio_interval, ratio_interval
 
 LOAD_KEYS = ("workload", "load_mode", "load_label", "concurrency", "rate")
 VARIANT_KEYS = ("variant", "method", "k")
@@ -75,7 +78,10 @@ def speedup_table(data: CampaignData, settings: AnalysisSettings | None = None) 
             if pairs.is_empty():
                 continue
             ratios = pairs["ratio"].to_list()
-            interval = ratio_interval(ratios, confidence=settings.confidence)
+            # plain's launch variance from history describes throughput (analysis.history): only its ratio
+            # pools it; latency ratios keep the t interval over this campaign's repeats
+            history = data.history if metric == "throughput" else None
+            interval = pooled_ratio_interval(ratios, history, confidence=settings.confidence)
             drawn = has_interval(interval)
             rows.append(
                 {

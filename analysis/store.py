@@ -23,6 +23,7 @@ ANALYSIS_TABLES = {
     "analysis_crossover": "crossover",
     "analysis_validity": "validity",
     "analysis_confounds": "confounds",
+    "analysis_acceptance": "acceptance",
 }
 RUNS_TABLE = "analysis_runs"
 

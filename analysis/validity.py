@@ -15,9 +15,15 @@
   with: tasks/metrics/engine_config.py) against its plain baseline's of the same repeat and setting; every
   setting beyond speculation that differs is listed (`v_speedup.confounded` flags the pairs).
 
-A campaign is **invalid** when the A/A gap exceeds `validity.max_aa_gap` (1.5%) or the spread exceeds
-`validity.max_repeat_spread` (10%); without an A/A arm the gap is unknown and only the spread is judged. The
-decision rule recommends nothing from an invalid campaign (analysis.decision).
+The verdict reads the A/A figure's interval (pooled from history where the warehouse has earlier campaigns
+launched the same way: analysis.history), against the limit L = `validity.max_aa_gap` (1.5%):
+- **valid**: the A/A interval lies within 1 +- L (the two plain arms are shown to agree to within L);
+- **invalid**: the A/A point gap exceeds L, or the interval lies wholly beyond 1 +- L, or the repeat spread
+  exceeds `validity.max_repeat_spread` (10%);
+- **inconclusive**: the interval straddles the limit, or there is none (one repeat and no history), or no
+  A/A arm was launched (the gap is unknown). An unknown figure never makes a campaign valid.
+`reasons` says which, in words. The decision rule recommends nothing from an invalid campaign
+(analysis.decision); an inconclusive one is reported as such beside every recommendation.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from analysis.data import AnalysisSettings, CampaignData
-from analysis.stats import has_interval, interval_label, ratio_interval
+from analysis.stats import Interval, has_interval, interval_label, pooled_ratio_interval
 from artifacts.documents import EffectiveEngineConfig
 from experiments.spec import ValiditySpec
 
@@ -54,8 +60,11 @@ VALIDITY_SCHEMA = {
     "smallest_latency_difference_s": pl.Float64,
     "client_error_ok": pl.Boolean,
     "valid": pl.Boolean,
+    "verdict": pl.String,
     "reasons": pl.String,
 }
+
+VERDICTS = ("valid", "invalid", "inconclusive")
 
 
 def validity_rules(data: CampaignData) -> ValiditySpec:
@@ -73,7 +82,9 @@ def aa_figure(data: CampaignData, settings: AnalysisSettings) -> tuple[str | Non
         .sort("repeat")["ratio"]
         .to_list()
     )
-    return str(pairs["variant"][0]), ratio_interval(per_repeat, confidence=settings.confidence)
+    return str(pairs["variant"][0]), pooled_ratio_interval(
+        per_repeat, data.history, confidence=settings.confidence
+    )
 
 
 def repeat_spread(data: CampaignData) -> tuple[float | None, int]:
@@ -131,19 +142,17 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
     """One row: the campaign's A/A figure, repeat spread, client error and whether it is valid (and why not)."""
     settings = settings or AnalysisSettings()
     rules = validity_rules(data)
-    reasons: list[str] = []
     aa_variant, aa = aa_figure(data, settings)
     drawn = aa is not None and has_interval(aa)
     gap = abs(aa.estimate - 1.0) if aa is not None else None
-    if aa is None:
-        reasons.append("no A/A control (validity.aa_control: true adds one): the A/A gap is unknown")
-    elif gap is not None and gap > rules.max_aa_gap:
-        reasons.append(f"A/A gap {gap:.1%} > {rules.max_aa_gap:.1%}")
+    verdict, why = aa_verdict(aa, rules.max_aa_gap)
+    reasons: list[str] = [why]
     spread, spread_cells = repeat_spread(data)
     if spread is None:
         reasons.append("fewer than 2 repeats of plain: the repeat spread is unknown")
     elif spread > rules.max_repeat_spread:
-        reasons.append(f"repeat spread {spread:.1%} > {rules.max_repeat_spread:.0%}")
+        verdict = "invalid"
+        reasons.append(f"invalid: repeat spread {spread:.1%} > {rules.max_repeat_spread:.0%}")
     for repeat, nodes in split_blocks(data).items():
         reasons.append(
             f"repeat block r{repeat} ran on {len(nodes)} nodes ({', '.join(nodes)}): its speedups mix nodes"
@@ -165,9 +174,6 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
                 )
     else:
         reasons.append("no client calibration stored for this campaign")
-    invalid = (gap is not None and gap > rules.max_aa_gap) or (
-        spread is not None and spread > rules.max_repeat_spread
-    )
     row = {
         "aa_variant": aa_variant,
         "aa_estimate": aa.estimate if aa is not None else None,
@@ -188,15 +194,53 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
         "client_concurrency": client.get("concurrency") if client else None,
         "smallest_latency_difference_s": smallest,
         "client_error_ok": client_ok,
-        "valid": not invalid,
+        "valid": verdict == "valid",
+        "verdict": verdict,
         "reasons": "; ".join(reasons),
     }
     return pl.DataFrame([row], schema=VALIDITY_SCHEMA)
 
 
-def is_valid(validity: pl.DataFrame) -> bool:
-    """False only when a limit was exceeded (an unknown figure does not make a campaign invalid)."""
-    return validity.is_empty() or bool(validity["valid"][0])
+def aa_verdict(aa: Interval | None, limit: float) -> tuple[str, str]:
+    """(valid | invalid | inconclusive, why in words) from the A/A figure's interval against 1 +- limit."""
+    if aa is None:
+        return "inconclusive", (
+            "inconclusive: no A/A control (validity.aa_control: true adds one), so the A/A gap is unknown"
+        )
+    gap = abs(aa.estimate - 1.0)
+    label = interval_label(aa)
+    if not has_interval(aa):
+        if gap > limit:
+            return "invalid", f"invalid: A/A gap {gap:.1%} > {limit:.1%} ({label})"
+        return "inconclusive", (
+            f"inconclusive: A/A gap {gap:.1%} has no interval ({label}): two identical plain arms are not "
+            f"shown to agree within {limit:.1%}"
+        )
+    shown = f"A/A {aa.estimate:.3f} [{aa.low:.3f}, {aa.high:.3f}] ({label})"
+    if gap > limit:
+        return "invalid", f"invalid: A/A gap {gap:.1%} > {limit:.1%}: {shown}"
+    if aa.low > 1.0 + limit or aa.high < 1.0 - limit:
+        return "invalid", f"invalid: the whole A/A interval lies beyond 1 +- {limit:.1%}: {shown}"
+    if aa.low >= 1.0 - limit and aa.high <= 1.0 + limit:
+        return "valid", f"valid: the A/A interval lies within 1 +- {limit:.1%}: {shown}"
+    return "inconclusive", (
+        f"inconclusive: the A/A interval straddles the {limit:.1%} limit: {shown}; more repeats (or history "
+        "from earlier campaigns launched the same way) narrow it"
+    )
+
+
+def verdict_of(validity: pl.DataFrame) -> str | None:
+    """The campaign's validity verdict (None: not judged)."""
+    if validity.is_empty() or "verdict" not in validity.columns:
+        return None
+    return str(validity["verdict"][0])
+
+
+def is_valid(validity: pl.DataFrame) -> bool | None:
+    """For the decision rule: False when invalid, True when valid, None when inconclusive or not judged
+    (which does not block a recommendation; the report says the campaign is inconclusive beside it)."""
+    verdict = verdict_of(validity)
+    return None if verdict in (None, "inconclusive") else verdict == "valid"
 
 
 CONFOUND_SCHEMA = {

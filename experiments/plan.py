@@ -156,6 +156,9 @@ def spec_digest(spec: ExperimentSpec) -> str:
     for section, model in (("validity", ValiditySpec), ("decision", DecisionSpec)):
         if data[section] == model().model_dump(mode="json"):
             del data[section]
+    del data["analysis"]  # how results are read, not what is measured
+    if data["target"]["per_request_acceptance"]:
+        del data["target"]["per_request_acceptance"]
     for variant in data["variants"]:
         for axis in ("sampling", "layout"):
             if variant[axis] is None:

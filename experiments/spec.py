@@ -471,6 +471,18 @@ class AdaptiveRepeats(Strict):
         return self
 
 
+class AnalysisSpec(Strict):
+    """How the campaign's results are read (not what is measured: it does not change the campaign's id)."""
+
+    pool_history: bool = Field(
+        default=True,
+        description="Pool the launch-to-launch variance of plain throughput from earlier campaigns of the same "
+        "launcher, host class and model (analysis/history.py) into the throughput and A/A intervals, so that "
+        "two launches give a usable interval; every such interval's label says where its variance came from. "
+        "false: this campaign's own launches only.",
+    )
+
+
 class DecisionSpec(Strict):
     """The benefit rule (analysis/decision.py): when a variant is recommended for a workload and load."""
 
@@ -826,6 +838,7 @@ class ExperimentSpec(Strict):
     )
     validity: ValiditySpec = ValiditySpec()
     decision: DecisionSpec = DecisionSpec()
+    analysis: AnalysisSpec = AnalysisSpec()
     seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
 
     @field_validator("name")

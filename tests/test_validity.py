@@ -260,3 +260,43 @@ def test_the_client_calibrates_against_the_emulator_and_the_warehouse_keeps_it(t
             [plan.campaign_id],
         ).fetchall()
     assert rows == [(record["calibration_id"], 4, pytest.approx(record["ttft_error_p99_s"]))]
+
+
+# ------------------------------------------------------------------ three outcomes from the A/A interval
+
+
+def test_the_validity_verdict_reads_the_aa_interval_three_ways() -> None:
+    from analysis.stats import Interval
+    from analysis.validity import aa_verdict
+
+    limit = 0.015
+    within = Interval(1.004, 0.992, 1.012, 6, "t on log-ratios 95%")
+    assert aa_verdict(within, limit)[0] == "valid"
+    # the demo of 2026-12-02: a 0.6% point gap whose interval ran from 0.48 to 2.04 was called valid
+    straddles = Interval(0.994, 0.48, 2.04, 2, "t on log-ratios 95%")
+    verdict, why = aa_verdict(straddles, limit)
+    assert verdict == "inconclusive" and "straddles" in why and "[0.480, 2.040]" in why
+    assert aa_verdict(Interval(1.10, 1.05, 1.15, 3, "t"), limit)[0] == "invalid"  # point and whole range
+    assert aa_verdict(Interval(1.02, 0.99, 1.05, 3, "t"), limit)[0] == "invalid"  # the point beyond
+    assert aa_verdict(Interval(1.03, 1.018, 1.04, 3, "t"), limit)[0] == "invalid"
+    # no interval: a point inside the limit proves nothing; one outside it is already too far
+    point = Interval(1.004, 1.004, 1.004, 1, "point (fewer than 2 repeats): no interval")
+    assert aa_verdict(point, limit)[0] == "inconclusive"
+    degenerate = Interval(1.0, 1.0, 1.0, 3, "degenerate (all repeats equal): no interval")
+    assert aa_verdict(degenerate, limit)[0] == "inconclusive"
+    assert aa_verdict(Interval(1.2, 1.2, 1.2, 1, "point"), limit)[0] == "invalid"
+    assert aa_verdict(None, limit)[0] == "inconclusive"
+
+
+def test_a_campaign_without_an_aa_arm_is_inconclusive_never_valid(aa_db) -> None:
+    from analysis.validity import is_valid, verdict_of
+
+    db, builder = aa_db
+    with reader(db) as con:
+        data = load_campaign(con, builder.campaign_id)
+    data.aa = data.aa.clear()
+    results = compute(data)
+    assert verdict_of(results.validity) == "inconclusive" and results.validity["valid"][0] is False
+    assert "the A/A gap is unknown" in results.validity["reasons"][0]
+    assert is_valid(results.validity) is None  # does not block the rule, but the notes say it
+    assert any("INCONCLUSIVE" in note for note in results.notes)

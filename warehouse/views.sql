@@ -118,9 +118,18 @@ SELECT
     (SELECT list(p.acceptance_rate ORDER BY p.position) FROM spec_decode_positions p
       WHERE p.cell_key = v.cell_key) AS acceptance_rate_per_position,
     sd.decode_steps, sd.inferred_step_time_s, v.tokens_per_chunk_mean, v.check_tokens_per_chunk_ok,
-    v.tpot_p50_s
+    v.tpot_p50_s,
+    -- the interval of the variant's acceptance at this workload and load over its prompts (and launches),
+    -- from the latest analysis (analysis_acceptance); NULL before the campaign is analysed or where the
+    -- requests carry no acceptance of their own
+    aa.mean_acceptance_length AS mean_acceptance_length_prompts,
+    aa.mean_acceptance_length_low, aa.mean_acceptance_length_high,
+    aa.acceptance_rate_low, aa.acceptance_rate_high, aa.acceptance_interval
 FROM v_cells v
 JOIN spec_decode sd USING (cell_key)
+LEFT JOIN analysis_acceptance aa
+  ON aa.campaign_id = v.campaign_id AND aa.variant = v.variant AND aa.workload = v.workload
+ AND aa.load_label = v.load_label
 WHERE v.method <> 'none' AND v.server_valid IS NOT FALSE;
 
 -- The same, one row per cell and draft position.
@@ -213,8 +222,8 @@ WHERE p.status = 'ok';
 -- the client's measured error at the campaign's heaviest load, and `valid` (analysis/validity.py).
 CREATE OR REPLACE VIEW v_validity AS
 SELECT
-    v.campaign_id, v.analysis_id, v.valid, v.reasons,
-    v.aa_variant, v.aa_estimate, v.aa_low, v.aa_high, v.aa_gap, v.aa_repeats, v.max_aa_gap,
+    v.campaign_id, v.analysis_id, v.verdict, v.valid, v.reasons,
+    v.aa_variant, v.aa_estimate, v.aa_low, v.aa_high, v.aa_gap, v.aa_repeats, v.aa_interval, v.max_aa_gap,
     v.repeat_spread, v.repeat_spread_cells, v.max_repeat_spread,
     v.client_ttft_error_p50_s, v.client_ttft_error_p99_s, v.client_tpot_error_p50_s, v.client_tpot_error_p99_s,
     v.client_send_lag_p99_s, v.client_concurrency, v.smallest_latency_difference_s, v.client_error_ok
@@ -285,3 +294,13 @@ FROM decisions d
 LEFT JOIN decision_loads l ON l.decision_key = d.decision_key
 LEFT JOIN promoted p ON p.campaign_id = d.campaign_id AND p.decision_id = d.decision_id
 ORDER BY d.campaign_id, d.created_utc, d.decision_id, l.concurrency;
+
+-- Speedup against plain with its interval, per variant, workload, load and metric, from the latest analysis
+-- (analysis_speedup): `interval` names the method and n ("n=2, t on log-ratios, launch variance pooled from
+-- 3 campaigns (2026-12-01..2026-12-04) 95%"); ci_low/ci_high are NULL where there is no interval.
+CREATE OR REPLACE VIEW v_speedup_interval AS
+SELECT
+    s.campaign_id, s.analysis_id, s.variant, s.method, s.k, s.workload, s.load_mode, s.load_label,
+    s.concurrency, s.rate, s.metric, s.estimate, s.ci_low, s.ci_high, s.n_repeats AS n, s.interval,
+    s.interval_excludes_one
+FROM analysis_speedup s;

@@ -1,0 +1,133 @@
+"""Launch-to-launch variance pooled from the warehouse's history (issue 30).
+
+Two launches give a t interval with one degree of freedom (t = 12.7 at 95%): too wide to decide anything. The
+warehouse holds every past campaign, and each one that launched plain more than once per cell (repeats, the
+A/A control) measured how far two identical launches differ. This module estimates that spread, sigma^2 =
+the variance of log(output throughput) across launches of one cell, from past campaigns launched the same
+way: the same launcher, host class and target model, and the same engine settings.
+
+Per past campaign: every plain launch of a cell (the reference plain variant and its A/A control, all
+repeats) is one value; the campaign's variance is the mean over its cells of their sample variances of the
+logs, with (launches per cell - 1) degrees of freedom. Not the sum over cells: a campaign's cells share its
+launches (a slow launch is slow at every load), so its cells are not independent estimates. Campaigns pool
+by their degrees of freedom (analysis.stats.pooled_variance's rule, applied to campaigns).
+
+The pooled figure enters an interval only through analysis.stats.pooled_ratio_interval, whose label says
+so ("launch variance pooled from 14 campaigns (2026-11-30..2026-12-04)"); `analysis.pool_history: false`
+in a spec turns it off. What it assumes, and what happens to coverage when today's machine is noisier than
+its history, is in docs/analysis.md ("Interval coverage").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from analysis.stats import LaunchVariance
+
+MIN_HISTORY_DF = 2
+"""Below this many pooled degrees of freedom history is not used (it would barely narrow anything)."""
+
+
+@dataclass(frozen=True)
+class LaunchClass:
+    """What a past campaign must share with this one for its launch spread to count."""
+
+    launcher: str
+    host_class: str
+    model: str
+
+    def label(self) -> str:
+        return f"launcher {self.launcher}, host {self.host_class}, model {self.model}"
+
+
+def host_class(spec: dict[str, Any], host: dict[str, Any] | None) -> str:
+    """Cluster launchers: the partition (nodes of a partition are one class); local: the host's name and
+    core count (the machine itself)."""
+    launcher = spec.get("launcher") or {}
+    if launcher.get("partition"):
+        return f"partition {launcher['partition']}"
+    host = host or {}
+    return f"{host.get('hostname', '?')}/{host.get('cpus', '?')} cpus"
+
+
+def launch_class(campaign: dict[str, Any]) -> LaunchClass:
+    """The class of a campaigns row (spec and host parsed or as JSON text)."""
+    spec = _json(campaign.get("spec"))
+    host = _json(campaign.get("host"))
+    return LaunchClass(
+        launcher=str((spec.get("launcher") or {}).get("kind", "local")),
+        host_class=host_class(spec, host),
+        model=str((spec.get("target") or {}).get("model", "?")),
+    )
+
+
+def _json(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return json.loads(value)
+    return value or {}
+
+
+def campaign_launch_spread(con: duckdb.DuckDBPyConnection, campaign_id: str) -> tuple[float, int] | None:
+    """(variance of log plain throughput across launches of a cell, averaged over cells; launches per cell
+    - 1) for one campaign, or None when no cell of plain was launched twice."""
+    rows = con.execute(
+        """
+        SELECT workload, load_label, engine_key, sampling_key,
+               list(ln(output_throughput_tok_s)) AS logs
+        FROM v_cells
+        WHERE campaign_id = ? AND method = 'none' AND output_throughput_tok_s > 0
+          AND server_valid IS NOT FALSE
+        GROUP BY workload, load_label, engine_key, sampling_key
+        HAVING count(*) >= 2
+        """,
+        [campaign_id],
+    ).fetchall()
+    if not rows:
+        return None
+    variances = [float(np.var(np.asarray(logs), ddof=1)) for *_, logs in rows]
+    launches = min(len(logs) for *_, logs in rows)
+    return float(np.mean(variances)), launches - 1
+
+
+def launch_history(
+    con: duckdb.DuckDBPyConnection, campaign: dict[str, Any], *, min_df: int = MIN_HISTORY_DF
+) -> LaunchVariance | None:
+    """The launch variance pooled over earlier campaigns of the same LaunchClass as `campaign` (a campaigns
+    row), or None when they hold fewer than `min_df` degrees of freedom. Only campaigns created before this
+    one count: an analysis re-run later gives the same interval."""
+    mine = launch_class(campaign)
+    candidates = con.execute(
+        "SELECT campaign_id, spec, host, created_utc FROM campaigns WHERE campaign_id <> ? AND created_utc < ? "
+        "ORDER BY created_utc",
+        [campaign["campaign_id"], campaign["created_utc"]],
+    ).fetchall()
+    variances: list[float] = []
+    dfs: list[int] = []
+    dates: list[str] = []
+    for campaign_id, spec, host, created in candidates:
+        if launch_class({"spec": spec, "host": host}) != mine:
+            continue
+        spread = campaign_launch_spread(con, campaign_id)
+        if spread is None or spread[1] < 1 or not math.isfinite(spread[0]):
+            continue
+        variances.append(spread[0])
+        dfs.append(spread[1])
+        dates.append(created.date().isoformat())
+    df = sum(dfs)
+    if df < min_df:
+        return None
+    variance = sum(v * d for v, d in zip(variances, dfs, strict=True)) / df
+    return LaunchVariance(
+        variance=variance,
+        df=df,
+        campaigns=len(dfs),
+        first=min(dates),
+        last=max(dates),
+        source=f"plain repeats and A/A pairs ({mine.label()})",
+    )
