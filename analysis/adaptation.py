@@ -200,8 +200,8 @@ def judge(
             reasons = []
             if estimate is None:
                 reasons.append("no paired repeats")
-            elif low is None:
-                reasons.append(f"{g.get('interval')}: needs at least 2 repeats")
+            elif low is None or high is None or not high > low:  # zero width is no evidence
+                reasons.append(f"{g.get('interval')}: no interval, so no decision")
             elif not low > threshold:
                 where = "below 1" if high < 1.0 else f"not above {threshold:.2f}"
                 reasons.append(f"interval [{low:.3g}, {high:.3g}] {where}")

@@ -283,6 +283,12 @@ def search_table(data: CampaignData) -> pl.DataFrame:
             verdict = f"baseline: {r['capacity_rps']:.3g} req/s"
         elif ratio is None:
             verdict = "no plain capacity to compare with"
+        elif min(r["repeats"], plain["repeats"]) < 2:
+            # the range is the searches' brackets: it says nothing of how a second launch would differ
+            verdict = (
+                f"{ratio:.2f}x plain's capacity (n={min(r['repeats'], plain['repeats'])} repeat: the search "
+                "brackets only, no launch-to-launch spread: no verdict)"
+            )
         elif low is not None and low > 1:
             verdict = f"raises capacity {ratio:.2f}x (interval above 1)"
         elif high is not None and high < 1:

@@ -71,38 +71,288 @@ def _load_axis(mode: str) -> tuple[str, str]:
     )
 
 
+# ------------------------------------------------------------------------------------------ wide intervals
+
+
+def _finite_positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def _nice_up(value: float) -> float:
+    """The smallest m x 10^k (m in NICE_MANTISSAS) at or above `value` (> 0)."""
+    power = 10.0 ** math.floor(math.log10(value))
+    for mantissa in (*NICE_MANTISSAS, 10.0):
+        if mantissa * power >= value * (1 - 1e-9):
+            return mantissa * power
+    return 10.0 * power  # pragma: no cover (10.0 above always fits)
+
+
+def ratio_range(estimates: Iterable[float | None], bounds: Iterable[float | None] = ()) -> float:
+    """R of the ratio axis [1/R, R], symmetric around 1 in log space. It holds every finite positive estimate
+    with a margin (POINT_MARGIN on the log), at least RATIO_FLOOR; `bounds` (the bands' ends; <= 0 or
+    infinite ones run past anything) may widen it up to BAND_ROOM times the points' log extent, at least to 2,
+    never past RATIO_CAP. Rounded up to a round number (1.25, 1.5, 2, 2.5, 3, 4, 5, 8, 10, ...)."""
+    points = [abs(math.log(v)) for v in estimates if _finite_positive(v)]
+    base = max(math.log(RATIO_FLOOR), POINT_MARGIN * max(points, default=0.0))
+    reach = 0.0
+    for v in bounds:
+        if v is None or math.isnan(v):
+            continue
+        reach = max(reach, abs(math.log(v)) if _finite_positive(v) else math.inf)
+    room = min(max(BAND_ROOM * base, math.log(2.0)), math.log(RATIO_CAP))
+    return _nice_up(math.exp(max(base, min(reach, room))))
+
+
+def _bound(column: str) -> pl.Expr:
+    """A bound as Float64 with NaN as null (a NaN bound is no bound)."""
+    return pl.col(column).cast(pl.Float64).fill_nan(None)
+
+
+def clip_ratio_band(
+    frame: pl.DataFrame, low_col: str, high_col: str, est_col: str, extra: Sequence[float] = ()
+) -> tuple[pl.DataFrame, float]:
+    """Clip a ratio band to [1/R, R], R = `ratio_range` of the frame's estimates (and `extra`: values that
+    must stay on the axis, such as a decision threshold) and its bands. Adds:
+
+    - `has_band`: both bounds present (null or NaN: no band) and high > low (zero width: no band);
+    - `<low_col>_shown`, `<high_col>_shown`: the band clipped to [1/R, R] (null without a band);
+    - `past_low`, `past_high`: the interval runs past the bottom / top (a bound <= 0 or -inf runs past the
+      bottom: it cannot sit on a log axis; +inf past the top);
+    - `drawable`: the estimate is finite and positive (a log axis cannot show the others);
+    - `edge_low`, `edge_high`: 1/R and R, where the triangles of runs-past go; `clip_note`: words for tooltips.
+
+    Returns the frame and R."""
+    low, high, est = _bound(low_col), _bound(high_col), _bound(est_col)
+    has_band = low.is_not_null() & high.is_not_null() & (high > low)
+    drawable = est.is_not_null() & est.is_finite() & (est > 0)
+    flags = frame.select(
+        has_band.fill_null(False).alias("has_band"),
+        drawable.fill_null(False).alias("drawable"),
+        low.alias("_low"),
+        high.alias("_high"),
+        est.alias("_est"),
+    )
+    banded = flags.filter("has_band")
+    r = ratio_range(
+        [*flags.filter("drawable")["_est"].to_list(), *extra],
+        [*banded["_low"].to_list(), *banded["_high"].to_list()],
+    )
+    floor = 1.0 / r
+    past_low = pl.col("has_band") & (low < floor)
+    past_high = pl.col("has_band") & (high > r)
+    out = frame.with_columns(flags["has_band"], flags["drawable"]).with_columns(
+        pl.when("has_band").then(low.clip(floor, r)).alias(f"{low_col}_shown"),
+        pl.when("has_band").then(high.clip(floor, r)).alias(f"{high_col}_shown"),
+        past_low.fill_null(False).alias("past_low"),
+        past_high.fill_null(False).alias("past_high"),
+        pl.lit(floor).alias("edge_low"),
+        pl.lit(r).alias("edge_high"),
+    )
+    note = (
+        pl.when(pl.col("past_low") & pl.col("past_high"))
+        .then(pl.lit("runs past both ends"))
+        .when("past_low")
+        .then(pl.lit(f"runs below {floor:.3g}"))
+        .when("past_high")
+        .then(pl.lit(f"runs above {r:.3g}"))
+        .when(pl.col("has_band"))
+        .then(pl.lit("fits"))
+        .otherwise(pl.lit("no interval"))
+    )
+    return out.with_columns(note.alias("clip_note")), r
+
+
+def clip_spread_band(
+    frame: pl.DataFrame,
+    points: Sequence[str],
+    lows: Sequence[str],
+    highs: Sequence[str],
+    by: Sequence[str],
+    factor: float = SPREAD_FACTOR,
+) -> pl.DataFrame:
+    """Clip bands of a non-ratio quantity so that none stretches a panel's axis past `factor` times the span
+    of its points. Per group of `by` (a panel): the points' extent [lo, hi] (every column of `points`, which
+    are never clipped), span = max(hi - lo, a quarter of max |lo|, |hi|) and the range
+    [lo - (factor - 1) / 2 x span, hi + (factor - 1) / 2 x span]. Adds `<col>_shown` for each column of `lows`
+    and `highs` (clipped to the range; null stays null), `<col>_past` (it runs past), `past_low` / `past_high`
+    (any low / high column runs past) and `edge_low` / `edge_high` (the range)."""
+    group = list(by)
+    lo = pl.min_horizontal(*[_bound(c) for c in points]).min().over(group)
+    hi = pl.max_horizontal(*[_bound(c) for c in points]).max().over(group)
+    span = pl.max_horizontal(hi - lo, 0.25 * pl.max_horizontal(lo.abs(), hi.abs()), pl.lit(1e-12))
+    pad = (factor - 1) / 2 * span
+    out = frame.with_columns((lo - pad).alias("edge_low"), (hi + pad).alias("edge_high"))
+    out = out.with_columns(
+        *[(_bound(c) < pl.col("edge_low")).fill_null(False).alias(f"{c}_past") for c in lows],
+        *[(_bound(c) > pl.col("edge_high")).fill_null(False).alias(f"{c}_past") for c in highs],
+        *[
+            _bound(c).clip(pl.col("edge_low"), pl.col("edge_high")).alias(f"{c}_shown")
+            for c in (*lows, *highs)
+        ],
+    )
+    return out.with_columns(
+        pl.any_horizontal(*[pl.col(f"{c}_past") for c in lows]).alias("past_low"),
+        pl.any_horizontal(*[pl.col(f"{c}_past") for c in highs]).alias("past_high"),
+    )
+
+
+def _json_safe(frame: pl.DataFrame) -> pl.DataFrame:
+    """Non-finite floats as null: Vega's data is JSON, which has no Infinity or NaN."""
+    return frame.with_columns(
+        pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c)
+        for c, dtype in frame.schema.items()
+        if dtype.is_float()
+    )
+
+
+def _number(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "none"
+    return f"{value:.3g}"
+
+
+def _interval_text(frame: pl.DataFrame, est_col: str, low_col: str, high_col: str) -> pl.Series:
+    """'1.1 [1e-06, 1e+05]' per row, for tooltips (the true bounds, infinite ones included)."""
+    return pl.Series(
+        [
+            _number(e) + ("" if lo is None or hi is None else f" [{_number(lo)}, {_number(hi)}]")
+            for e, lo, hi in zip(
+                frame[est_col].to_list(), frame[low_col].to_list(), frame[high_col].to_list(), strict=True
+            )
+        ],
+        dtype=pl.String,
+    )
+
+
+def _range_text(r: float) -> str:
+    return f"{1 / r:.3g}x-{r:.3g}x"
+
+
+def _n_text(ns: Sequence[int | None], unit: str) -> str:
+    known = sorted({int(n) for n in ns if n is not None})
+    if not known:
+        return f"n ({unit}) unknown"
+    if len(known) == 1:
+        return f"n = {known[0]} {unit} per point"
+    return f"n = {known[0]}-{known[-1]} {unit} per point (labelled)"
+
+
 def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -> alt.FacetChart | None:
-    """Speedup against load, one panel per metric (rows) and workload (columns), bands = the interval over
-    repeats (none with one repeat), a rule at 1 (no change)."""
+    """Speedup against load, one panel per metric (rows) and workload (columns), on a log axis centred on 1
+    (one range per metric: `clip_ratio_band`), a rule at 1 (no change). Bands: the interval over repeats,
+    clipped to the stated range, a triangle at the edge where it runs past; points hollow without an
+    interval (one repeat); n (repeats) in the tooltip and the subtitle, beside the point when it varies."""
     frame = speedups.filter(pl.col("load_mode") == mode, pl.col("metric").is_in(list(SPEEDUP_METRICS)))
     if frame.is_empty():
         return None
     column, label = _load_axis(mode)
+    if "n_repeats" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("n_repeats"))
     frame = frame.with_columns(
         pl.col("metric").replace_strict(SPEEDUP_METRICS).alias("measure"),
         pl.col(column).cast(pl.Float64).alias("load"),
     ).select(
-        "variant", "workload", "measure", "load", "load_label", "estimate", "ci_low", "ci_high", "interval"
+        "variant",
+        "workload",
+        "measure",
+        "load",
+        "load_label",
+        "estimate",
+        "ci_low",
+        "ci_high",
+        "interval",
+        "n_repeats",
+    )
+    parts, ranges = [], {}
+    for measure in SPEEDUP_METRICS.values():
+        part = frame.filter(pl.col("measure") == measure)
+        if not part.is_empty():
+            part, ranges[measure] = clip_ratio_band(part, "ci_low", "ci_high", "estimate")
+            parts.append(part)
+    frame = pl.concat(parts)
+    ns = frame["n_repeats"].to_list()
+    labelled = len({n for n in ns if n is not None}) > 1
+    frame = _json_safe(
+        frame.with_columns(
+            _interval_text(frame, "estimate", "ci_low", "ci_high").alias("estimate [interval]"),
+            pl.format("n={}", pl.col("n_repeats")).alias("n_label"),
+            *[
+                pl.when(pl.col("has_band") & ~pl.col("past_low") & ~pl.col("past_high"))
+                .then(pl.col(f"ci_{end}_shown"))
+                .alias(f"area_{end}")
+                for end in ("low", "high")
+            ],
+        )
     )
     x = _load_x(frame["load"], label)
-    base = alt.Chart().encode(x=x, color=alt.Color("variant:N", title="variant"))
-    band = base.mark_area(opacity=0.2).encode(y=alt.Y("ci_low:Q"), y2="ci_high:Q")
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("estimate:Q", title="speedup vs plain (>1 faster)", scale=alt.Scale(zero=False)),
-        tooltip=[
-            "variant",
-            "workload",
-            "load_label",
-            "measure",
-            alt.Tooltip("estimate:Q", format=".3f"),
-            alt.Tooltip("ci_low:Q", format=".3f"),
-            alt.Tooltip("ci_high:Q", format=".3f"),
-            "interval",
-        ],
+    color = alt.Color("variant:N", title="variant")
+    scale = alt.Scale(type="log", nice=False, zero=False)
+
+    def y(field: str) -> alt.Y:
+        return alt.Y(f"{field}:Q", title="speedup vs plain (>1 faster, log)", scale=scale)
+
+    tooltip = [
+        "variant",
+        "workload",
+        "load_label",
+        "measure",
+        "estimate [interval]",
+        alt.Tooltip("n_repeats:Q", title="n (repeats)"),
+        "interval",
+        alt.Tooltip("clip_note:N", title="band"),
+    ]
+    base = alt.Chart().encode(x=x, color=color)
+    drawn = base.transform_filter("datum.drawable")
+    # invisible: holds each panel's axis at exactly [1/R, R] of its metric (the domain follows the data)
+    anchor = base.mark_rule(opacity=0).encode(y=y("edge_low"), y2="edge_high:Q")
+    # the band: a bar at every point with an interval, and a faint area between neighbours that fit (broken
+    # where an interval runs past the range, so that one wild interval does not shade its neighbours' loads)
+    bars = (
+        base.transform_filter("datum.has_band")
+        .mark_rule(strokeWidth=2, opacity=0.45)
+        .encode(y=y("ci_low_shown"), y2="ci_high_shown:Q")
+    )
+    band = drawn.mark_area(opacity=0.15, invalid="break-paths-filter-domains").encode(
+        y=y("area_low"), y2="area_high:Q"
+    )
+    line = drawn.mark_line().encode(y=y("estimate"))
+    points = drawn.mark_point(size=40, opacity=1, strokeWidth=1.5).encode(
+        y=y("estimate"),
+        fill=alt.condition("datum.has_band", alt.Color("variant:N", legend=None), alt.value("white")),
+        tooltip=tooltip,
+    )
+    above = (
+        base.transform_filter("datum.past_high")
+        .mark_point(shape="triangle-up", filled=True, size=70, opacity=1)
+        .encode(y=y("edge_high"), tooltip=tooltip)
+    )
+    below = (
+        base.transform_filter("datum.past_low")
+        .mark_point(shape="triangle-down", filled=True, size=70, opacity=1)
+        .encode(y=y("edge_low"), tooltip=tooltip)
     )
     rule = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1))
+    layers = [anchor, band, bars, rule, line, points, above, below]
+    if labelled:
+        layers.append(
+            drawn.mark_text(align="left", dx=5, dy=-7, fontSize=8).encode(y=y("estimate"), text="n_label:N")
+        )
+    clip = (
+        f"bands clipped to {_range_text(next(iter(ranges.values())))}"
+        if len(set(ranges.values())) == 1
+        else "bands clipped to " + ", ".join(f"{_range_text(r)} ({m})" for m, r in ranges.items())
+    )
+    hollow = frame.filter(pl.col("drawable") & ~pl.col("has_band")).height
+    left_out = frame.filter(~pl.col("drawable")).height
+    notes = [_n_text(ns, "repeats")]
+    if hollow:
+        notes.append(
+            f"hollow: no interval ({hollow} point{'s' if hollow > 1 else ''}: one repeat or zero width)"
+        )
+    if left_out:
+        notes.append(f"{left_out} without a positive estimate left out")
     return (
-        alt.layer(band, line, rule, data=frame)
+        alt.layer(*layers, data=frame)
         .properties(width=WIDTH, height=HEIGHT)
         .facet(
             row=alt.Row("measure:N", title=None, sort=list(SPEEDUP_METRICS.values())),
@@ -112,8 +362,12 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
         .properties(
             title={
                 "text": f"Speedup against load ({'open loop' if mode == 'open' else 'closed loop'})",
-                "subtitle": f"geometric mean of per-repeat ratios against plain; bands: {percent(confidence)} t interval "
-                "over repeats (no band with one repeat). TPOT/TTFT are per-request figures, not ITL.",
+                "subtitle": [
+                    f"geometric mean of per-repeat ratios against plain; bands: {percent(confidence)} t interval "
+                    "over repeats. TPOT/TTFT are per-request figures, not ITL.",
+                    f"log axis centred on 1; {clip}; {PAST_NOTE}",
+                    "; ".join(notes),
+                ],
             }
         )
     )
@@ -122,29 +376,33 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
 def latency_chart(
     latencies: pl.DataFrame, metrics: tuple[str, ...], title: str, subtitle: str
 ) -> alt.FacetChart | None:
-    """Distributions as boxes from precomputed quantiles: box p25-p75, whiskers p5-p95, tick p50, dot p99."""
+    """Distributions as boxes from precomputed quantiles: box p25-p75, whiskers p5-p95, tick p50, dot p99.
+    Whiskers and p99 are clipped per panel to SPREAD_FACTOR times the span of its boxes
+    (`clip_spread_band`); a triangle at the edge marks one that runs past."""
     frame = latencies.filter(pl.col("metric").is_in(list(metrics)))
     if frame.is_empty():
         return None
+    quantiles = ("q05_ms", "q25_ms", "q50_ms", "q75_ms", "q95_ms", "q99_ms")
     frame = frame.with_columns(
         pl.col("metric").replace_strict(LATENCY_LABELS).alias("measure"),
         *[(pl.col(f"q{q}") * 1000).alias(f"q{q}_ms") for q in ("05", "25", "50", "75", "95", "99")],
         (pl.col("mean") * 1000).alias("mean_ms"),
-    ).select(
-        "variant",
-        "workload",
-        "load_label",
-        "measure",
-        "n",
-        "mean_ms",
-        "q05_ms",
-        "q25_ms",
-        "q50_ms",
-        "q75_ms",
-        "q95_ms",
-        "q99_ms",
+    ).select("variant", "workload", "load_label", "measure", "n", "mean_ms", *quantiles)
+    frame = _json_safe(
+        clip_spread_band(
+            frame,
+            points=("q25_ms", "q50_ms", "q75_ms"),
+            lows=("q05_ms",),
+            highs=("q95_ms", "q99_ms"),
+            by=("measure", "workload"),
+        )
     )
     order = sorted(frame["load_label"].unique().to_list(), key=_load_sort_key)
+    scale = alt.Scale(zero=False)
+
+    def y(field: str) -> alt.Y:
+        return alt.Y(f"{field}:Q", title="ms", scale=scale)
+
     base = alt.Chart().encode(
         x=alt.X("load_label:N", title="load", sort=order),
         xOffset=alt.XOffset("variant:N"),
@@ -155,27 +413,42 @@ def latency_chart(
             "load_label",
             "measure",
             "n",
-            *[
-                alt.Tooltip(f"{c}:Q", format=".2f")
-                for c in ("mean_ms", "q05_ms", "q25_ms", "q50_ms", "q75_ms", "q95_ms", "q99_ms")
-            ],
+            *[alt.Tooltip(f"{c}:Q", format=".2f") for c in ("mean_ms", *quantiles)],
         ],
     )
-    whisker = base.mark_rule().encode(
-        y=alt.Y("q05_ms:Q", title="ms", scale=alt.Scale(zero=False)), y2="q95_ms:Q"
+    whisker = base.mark_rule().encode(y=y("q05_ms_shown"), y2="q95_ms_shown:Q")
+    box = base.mark_bar(size=8, opacity=0.6).encode(y=y("q25_ms"), y2="q75_ms:Q")
+    median = base.mark_tick(color="black", size=10, thickness=2).encode(y=y("q50_ms"))
+    p99 = (
+        base.transform_filter("!datum.q99_ms_past")
+        .mark_point(shape="diamond", filled=True, size=25)
+        .encode(y=y("q99_ms_shown"))
     )
-    box = base.mark_bar(size=8, opacity=0.6).encode(y="q25_ms:Q", y2="q75_ms:Q")
-    median = base.mark_tick(color="black", size=10, thickness=2).encode(y="q50_ms:Q")
-    p99 = base.mark_point(shape="diamond", filled=True, size=25).encode(y="q99_ms:Q")
+    above = (
+        base.transform_filter("datum.past_high")
+        .mark_point(shape="triangle-up", filled=True, size=45, opacity=1)
+        .encode(y=y("edge_high"))
+    )
+    below = (
+        base.transform_filter("datum.past_low")
+        .mark_point(shape="triangle-down", filled=True, size=45, opacity=1)
+        .encode(y=y("edge_low"))
+    )
+    lines = [subtitle]
+    if frame["past_low"].any() or frame["past_high"].any():
+        lines.append(
+            f"whiskers and p99 clipped to {SPREAD_FACTOR:g}x the span of the boxes in their panel; "
+            "\u25b2/\u25bc = runs past (the tooltip has the value)"
+        )
     return (
-        alt.layer(whisker, box, median, p99, data=frame)
+        alt.layer(whisker, box, median, p99, above, below, data=frame)
         .properties(width=WIDTH, height=HEIGHT)
         .facet(
             row=alt.Row("measure:N", title=None, sort=[LATENCY_LABELS[m] for m in metrics]),
             column=alt.Column("workload:N", title="workload"),
         )
         .resolve_scale(y="independent")
-        .properties(title={"text": title, "subtitle": subtitle})
+        .properties(title={"text": title, "subtitle": lines if len(lines) > 1 else subtitle})
     )
 
 
@@ -462,10 +735,19 @@ def waste_chart(waste: pl.DataFrame) -> alt.FacetChart | None:
 
 def tree_sim_chart(projections: pl.DataFrame) -> alt.FacetChart | None:
     """Projected throughput speedup of each simulated shape against concurrency, one panel per workload
-    (analysis/simulate/cost.py); crosses: what the served chains measured, for the cost model's check."""
-    frame = projections.filter(pl.col("projected_speedup").is_not_null())
+    (analysis/simulate/cost.py); crosses: what the served chains measured, for the cost model's check. Log
+    axis centred on 1, [1/R, R] from every point (`ratio_range`; no bands, nothing clipped); a projection or
+    measurement that is not a positive number cannot sit on it and is left out."""
+    speedup = pl.col("projected_speedup").cast(pl.Float64)
+    frame = projections.filter(speedup.is_not_null() & speedup.is_finite() & (speedup > 0))
     if frame.is_empty():
         return None
+    measured = pl.col("measured_speedup").cast(pl.Float64)
+    frame = frame.with_columns(
+        pl.when(measured.is_finite() & (measured > 0)).then(measured).alias("measured_speedup")
+    )
+    r = ratio_range([*frame["projected_speedup"].to_list(), *frame["measured_speedup"].to_list()])
+    y_scale = alt.Scale(type="log", domain=[1.0 / r, r], nice=False, zero=False)
     frame = frame.with_columns(pl.col("concurrency").cast(pl.Float64).alias("load")).select(
         "shape",
         pl.col("stratum").alias("workload"),
@@ -476,14 +758,13 @@ def tree_sim_chart(projections: pl.DataFrame) -> alt.FacetChart | None:
         "mean_acceptance_length",
         "verified_tokens_per_step",
     )
+    frame = _json_safe(frame)
     x = _load_x(frame["load"], "concurrency (closed loop)")
     # tableau20: the served chains plus a few shapes easily pass the default scheme's 10 colours
     scale, legend = alt.Scale(scheme="tableau20"), alt.Legend(labelLimit=320)
     base = alt.Chart().encode(x=x, color=alt.Color("shape:N", title="shape", scale=scale, legend=legend))
     line = base.mark_line(point=True).encode(
-        y=alt.Y(
-            "projected_speedup:Q", title="projected speedup vs plain (>1 faster)", scale=alt.Scale(zero=False)
-        ),
+        y=alt.Y("projected_speedup:Q", title="projected speedup vs plain (>1 faster, log)", scale=y_scale),
         tooltip=[
             "shape",
             "workload",
@@ -494,7 +775,9 @@ def tree_sim_chart(projections: pl.DataFrame) -> alt.FacetChart | None:
             alt.Tooltip("measured_speedup:Q", format=".3f"),
         ],
     )
-    served = base.mark_point(shape="cross", size=90, filled=True).encode(y="measured_speedup:Q")
+    served = base.mark_point(shape="cross", size=90, filled=True).encode(
+        y=alt.Y("measured_speedup:Q", title="projected speedup vs plain (>1 faster, log)", scale=y_scale)
+    )
     rule = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1))
     return (
         alt.layer(line, served, rule, data=frame)
@@ -504,7 +787,8 @@ def tree_sim_chart(projections: pl.DataFrame) -> alt.FacetChart | None:
             title={
                 "text": "Trees and drafter combinations: projected speedup (offline)",
                 "subtitle": "simulated acceptance on the campaign's greedy captures x a step-time model fitted on "
-                "its cells; crosses: the served chains' measured speedup",
+                "its cells; crosses: the served chains' measured speedup; log axis centred on 1 "
+                f"({_range_text(r)})",
             }
         )
     )
@@ -544,58 +828,103 @@ def adaptation_chart(
     view: pl.DataFrame, min_effect: float = 0.10, max_harm: float = 0.05
 ) -> alt.LayerChart | None:
     """New head against old per stratum (v_adaptation): each metric's ratio (> 1: the new head is better)
-    with its interval over repeats; the dashed rule at 1 is no change, the green one the minimum effect the
-    gain must clear, the red one the harm another stratum may take."""
+    with its interval over repeats, on a log axis centred on 1 (`clip_ratio_band`: the interval clipped to
+    the stated range, a triangle at the edge where it runs past; hollow points: no interval); the dashed rule
+    at 1 is no change, the green one the minimum effect the gain must clear, the red one the harm another
+    stratum may take. The stratum's label carries its n (paired repeats)."""
     if view.is_empty():
         return None
     rows = []
     for r in view.filter(pl.col("stratum").is_not_null()).iter_rows(named=True):
+        n = r.get("n_repeats")
         for key, label in ADAPTATION_METRICS.items():
             estimate = r.get(f"{key}_ratio")
             if estimate is None:
                 continue
             rows.append(
                 {
-                    "stratum": f"{r['stratum']} {r['load_label']}" + (" (target)" if r["target"] else ""),
+                    "stratum": f"{r['stratum']} {r['load_label']}"
+                    + (" (target)" if r["target"] else "")
+                    + (f" n={n}" if n is not None else ""),
                     "metric": label,
-                    "ratio": estimate,
-                    "low": r.get(f"{key}_low") if r.get(f"{key}_low") is not None else estimate,
-                    "high": r.get(f"{key}_high") if r.get(f"{key}_high") is not None else estimate,
+                    "ratio": float(estimate),
+                    "low": r.get(f"{key}_low"),
+                    "high": r.get(f"{key}_high"),
+                    "n_repeats": n,
                     "adopt": "adopt" if r["adopt"] else "keep old",
                 }
             )
     if not rows:
         return None
-    frame = pl.DataFrame(rows)
+    schema = {"low": pl.Float64, "high": pl.Float64, "n_repeats": pl.Int64}
+    frame = pl.DataFrame(rows, schema_overrides=schema)
+    thresholds = (1.0 + min_effect, 1.0 - max_harm)
+    frame, r = clip_ratio_band(frame, "low", "high", "ratio", extra=thresholds)
+    frame = _json_safe(
+        frame.with_columns(_interval_text(frame, "ratio", "low", "high").alias("ratio [interval]"))
+    )
+    scale = alt.Scale(type="log", domain=[1.0 / r, r], nice=False, zero=False)
+
+    def x(field: str) -> alt.X:
+        return alt.X(f"{field}:Q", title="new head / old head (log)", scale=scale)
+
+    tooltip = [
+        "stratum",
+        "metric",
+        "ratio [interval]",
+        alt.Tooltip("n_repeats:Q", title="n (repeats)"),
+        alt.Tooltip("clip_note:N", title="interval"),
+        "adopt",
+    ]
     base = alt.Chart(frame).encode(
         y=alt.Y("stratum:N", title=None),
         yOffset=alt.YOffset("metric:N"),
         color=alt.Color("metric:N", sort=list(ADAPTATION_METRICS.values()), title=None),
     )
-    bars = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("low:Q", title="new head / old head", scale=alt.Scale(zero=False)), x2="high:Q"
+    bars = (
+        base.transform_filter("datum.has_band")
+        .mark_rule(strokeWidth=2)
+        .encode(x=x("low_shown"), x2="high_shown:Q")
     )
-    points = base.mark_point(filled=True, size=60).encode(
-        x="ratio:Q",
-        shape=alt.Shape("adopt:N", title="verdict"),
-        tooltip=[
-            "stratum",
-            "metric",
-            alt.Tooltip("ratio:Q", format=".3f"),
-            alt.Tooltip("low:Q", format=".3f"),
-            alt.Tooltip("high:Q", format=".3f"),
-            "adopt",
-        ],
+    # two layers rather than a conditional fill, so that the verdict's legend keeps filled symbols
+    shape = alt.Shape("adopt:N", title="verdict")
+    points = (
+        base.transform_filter("datum.drawable && datum.has_band")
+        .mark_point(size=60, opacity=1, filled=True)
+        .encode(x=x("ratio"), shape=shape, tooltip=tooltip)
+    )
+    hollow_points = (
+        base.transform_filter("datum.drawable && !datum.has_band")
+        .mark_point(size=60, opacity=1, strokeWidth=1.5, fill="white")
+        .encode(x=x("ratio"), shape=shape, tooltip=tooltip)
+    )
+    right = (
+        base.transform_filter("datum.past_high")
+        .mark_point(shape="triangle-right", filled=True, size=60, opacity=1)
+        .encode(x=x("edge_high"), tooltip=tooltip)
+    )
+    left = (
+        base.transform_filter("datum.past_low")
+        .mark_point(shape="triangle-left", filled=True, size=60, opacity=1)
+        .encode(x=x("edge_low"), tooltip=tooltip)
     )
     rules = [
-        alt.Chart(pl.DataFrame({"x": [x]})).mark_rule(strokeDash=[4, 3], color=colour).encode(x="x:Q")
-        for x, colour in ((1.0, "#666"), (1.0 + min_effect, "#2a9d4b"), (1.0 - max_harm, "#c0392b"))
+        alt.Chart(pl.DataFrame({"x": [v]})).mark_rule(strokeDash=[4, 3], color=colour).encode(x=x("x"))
+        for v, colour in ((1.0, "#666"), (thresholds[0], "#2a9d4b"), (thresholds[1], "#c0392b"))
     ]
-    return alt.layer(*rules, bars, points).properties(
+    hollow = frame.filter(pl.col("drawable") & ~pl.col("has_band")).height
+    notes = [_n_text(frame["n_repeats"].to_list(), "paired repeats")]
+    if hollow:
+        notes.append(f"hollow: no interval ({hollow})")
+    return alt.layer(*rules, bars, points, hollow_points, right, left).properties(
         width=WIDTH + 100,
         height=alt.Step(14),
         title={
             "text": "Adapted head against the old one, per stratum",
-            "subtitle": "ratio with its 95% t interval over repeats; green dashes: 1 + minimum effect, red: 1 - harm limit",
+            "subtitle": [
+                "ratio with its 95% t interval over repeats; green dashes: 1 + minimum effect, red: 1 - harm limit",
+                f"log axis centred on 1; intervals clipped to {_range_text(r)}; "
+                "a triangle at the edge: the interval runs past; " + "; ".join(notes),
+            ],
         },
     )

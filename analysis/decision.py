@@ -152,8 +152,9 @@ def decide(
         reasons = []
         if row["estimate"] is None:
             reasons.append("no paired plain cell")
-        elif row["ci_low"] is None:
-            reasons.append(f"{row['interval']}: needs at least 2 repeats")
+        elif row["ci_low"] is None or row["ci_high"] is None or not row["ci_high"] > row["ci_low"]:
+            # a zero-width "interval" (all repeats equal, one repeat) is no evidence: never decide from it
+            reasons.append(f"{row['interval']}: no interval, so no decision")
         elif not row["ci_low"] > threshold:
             where = "below 1" if row["ci_high"] < 1.0 else f"not above {threshold:.2f}"
             reasons.append(f"interval [{row['ci_low']:.3g}, {row['ci_high']:.3g}] {where}")

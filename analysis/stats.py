@@ -1,8 +1,8 @@
 """Statistics over independently launched deployments (repeats): Student t intervals via scipy.
 
 Requests inside one deployment are not independent replicates, so every interval on a speed here is over
-per-deployment (per-repeat) values, never requests. Why t and not the bootstrap: campaigns have 2-5 repeats, and
-a percentile bootstrap of the mean of n values covers 50% at n = 2 and 82% at n = 5 for a nominal 95%
+per-deployment (per-repeat) values, never requests. Why t and not the bootstrap: campaigns have 2-5 repeats,
+and a percentile bootstrap of the mean of n values covers 50% at n = 2 and 82% at n = 5 for a nominal 95%
 (benchmarks/interval_coverage.py, docs/analysis.md); t intervals hold their level at every n because they pay
 for the unknown spread with t(n - 1) quantiles (12.7 at n = 2: two repeats give a wide interval, honestly).
 Ratios (speedups) are treated on the log scale, where run-to-run noise is multiplicative and symmetric: the
@@ -267,10 +267,11 @@ def pooled_ratio_interval(
     has far more degrees of freedom than today (14-28 against 1-2), so it sets the width: if today's launches
     vary more than history's (another host class, a noisy neighbour, a speculative arm noisier than the plain
     and A/A launches the history measures), the interval is too narrow and covers less than its nominal
-    level. With history sigma half of today's it covers about 70% at two launches instead of 95%
-    (benchmarks/interval_coverage.py, "history sigma half today's"); the pooled df does not protect against
-    this, and with n = 1-2 today's own spread cannot detect it. Hence history only from the same launcher,
-    host class and model, and recent.
+    level. With history sigma half of today's it covers 69-79% instead of 95% (73% at two launches;
+    benchmarks/interval_coverage.py, "history sigma half today's"); the pooled df does not protect against
+    this, and with n = 1-2 today's own spread cannot detect it. With history like today it covers 94-96%
+    at 1-6 launches, at about a fifth of the t interval's width at two launches. Hence history only from
+    the same launcher, host class and model, and recent.
     """
     if history is None or history.df < 1 or not math.isfinite(history.variance):
         return ratio_interval(ratios, confidence=confidence)
@@ -301,8 +302,17 @@ def pooled_ratio_interval(
 
 # ------------------------------------------------------------------- prompt-clustered bootstrap of a ratio
 
-CLUSTER_VARIANTS = ("percentile", "BCa", "bootstrap-t", "delta t")
-CLUSTER_VARIANT = "bootstrap-t"  # chosen by coverage (benchmarks/interval_coverage.py, docs/analysis.md)
+CLUSTER_VARIANTS = (
+    "percentile",
+    "BCa",
+    "bootstrap-t (delta SE)",
+    "bootstrap-t on logs (delta SE)",
+    "bootstrap-t (jackknife SE)",
+    "symmetric bootstrap-t (jackknife SE)",
+    "delta t",
+)
+# chosen by coverage (benchmarks/interval_coverage.py, docs/analysis.md: interval coverage)
+CLUSTER_VARIANT = "symmetric bootstrap-t (jackknife SE)"
 
 
 def cluster_ratio_interval(
@@ -325,11 +335,20 @@ def cluster_ratio_interval(
     Under greedy decoding every launch gives the same acceptance, so intervals over launches are degenerate;
     the spread that generalises is between prompts. Rows are summed to (launch, cluster) totals; a resample
     draws clusters with replacement, each carrying its rows of every launch; with 3 or more distinct launches
-    it first draws launches, then clusters (two-stage). The interval is the bootstrap-t (studentized with the
-    delta-method standard error of a ratio of sums), which held its level from 8 prompts on where the
-    percentile and BCa intervals fell short (docs/analysis.md, interval coverage). Fewer than `min_clusters`
-    clusters, no denominator, or every cluster with the same ratio give no interval (low == high, the method
-    says why)."""
+    it first draws launches, then clusters (two-stage). Vectorised: a resample is a row of cluster counts, the
+    sums are matrix products (2000 resamples of 64 clusters take a few milliseconds).
+
+    The interval is the symmetric bootstrap-t studentized by the leave-one-cluster-out jackknife standard
+    error: estimate +- q se_jack, q the `confidence` quantile of |t*| over resamples. Chosen by coverage on
+    prompts with Beta(2, 2) acceptance and heavy-tailed lengths (benchmarks/interval_coverage.py,
+    docs/analysis.md: interval coverage): it held 93-96% from 4 to 48 prompts, where the percentile and
+    BCa intervals covered 76-86% at 4-8 prompts and 87-93% at 16-48, the delta-method t 84-93%, the
+    equal-tailed bootstrap-t with the delta-method SE 91-95% and with the jackknife SE 92-95%. At 4-8
+    prompts its intervals are about as wide as the MAL itself, so they rarely decide anything there.
+
+    Fewer than `min_clusters` clusters (5: the bootstrap of fewer has too few distinct resamples to trust,
+    although the benchmark's 4 prompts still covered), no denominator (estimate NaN), or every cluster with
+    the same ratio give no interval (low == high, the method says why)."""
     found = cluster_ratio_intervals(
         numerator,
         denominator,
@@ -376,9 +395,13 @@ def cluster_ratio_intervals(
 ) -> Interval | dict[str, Interval]:
     """`cluster_ratio_interval` for several bootstrap variants from the same resamples (the coverage benchmark
     compares them): a dict variant -> Interval, or one no-interval Interval when none can be drawn.
-    Variants: "percentile", "BCa" (bias-corrected and accelerated, jackknife over clusters), "bootstrap-t"
-    (studentized by the delta-method standard error of the ratio), "delta t" (no bootstrap: estimate +-
-    t(clusters - 1) delta-method standard error)."""
+    Variants (CLUSTER_VARIANTS): "percentile"; "BCa" (bias-corrected and accelerated, acceleration from the
+    jackknife over clusters); "bootstrap-t (delta SE)" (studentized by the delta-method standard error of a
+    ratio of sums, sqrt(c / (c - 1) sum (a_i - r s_i)^2) / sum s); "bootstrap-t on logs (delta SE)" (the
+    same on log(ratio)); "bootstrap-t (jackknife SE)" (studentized by the leave-one-cluster-out jackknife
+    standard error, which weighs the heavy clusters more); "symmetric bootstrap-t (jackknife SE)" (the same,
+    estimate +- the `confidence` quantile of |t*| times the SE: the product's); "delta t" (no bootstrap:
+    estimate +- t(c - 1) delta-method standard error)."""
     if unknown := set(variants) - set(CLUSTER_VARIANTS):
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {CLUSTER_VARIANTS}")
     num = np.asarray(numerator, dtype=float)
@@ -429,7 +452,7 @@ def cluster_ratio_intervals(
     alpha = 1 - confidence
     c = n_clusters
 
-    def delta_se(sum_s, resid_sq):
+    def delta_se(sum_s: float | np.ndarray, resid_sq: float | np.ndarray) -> np.ndarray:
         # linearised variance of a ratio of cluster sums: c / (c - 1) * sum (a_i - r s_i)^2 / (sum s)^2
         return np.sqrt(c / (c - 1) * resid_sq) / sum_s
 
@@ -456,13 +479,40 @@ def cluster_ratio_intervals(
             z = stats.norm.ppf([alpha / 2, level])
             adjusted = stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
             low, high = np.quantile(boot[keep], adjusted)
-        elif variant == "bootstrap-t":
+        elif variant == "bootstrap-t (delta SE)":
             resid_sq = (w * (a_b - boot[:, None] * s_b) ** 2).sum(1)
             with np.errstate(divide="ignore", invalid="ignore"):
                 t_star = (boot - ratio) / delta_se(sum_s, resid_sq)
             t_star = t_star[np.isfinite(t_star)]
             q_low, q_high = np.quantile(t_star, [alpha / 2, level])
             low, high = ratio - q_high * se, ratio - q_low * se
+        elif variant == "bootstrap-t on logs (delta SE)":
+            low = high = math.nan  # no log of a ratio <= 0
+            if ratio > 0:
+                resid_sq = (w * (a_b - boot[:, None] * s_b) ** 2).sum(1)
+                # t* = -inf where a resample's ratio is 0; the quantiles keep those
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    t_star = (np.log(boot) - math.log(ratio)) / (delta_se(sum_s, resid_sq) / boot)
+                    q_low, q_high = np.quantile(t_star[~np.isnan(t_star)], [alpha / 2, level])
+                    low, high = ratio * np.exp(-q_high * se / ratio), ratio * np.exp(-q_low * se / ratio)
+        elif variant in ("bootstrap-t (jackknife SE)", "symmetric bootstrap-t (jackknife SE)"):
+            # leave one drawn cluster out: theta_i = (A - a_i) / (S - s_i), each cluster as often as drawn
+            with np.errstate(divide="ignore", invalid="ignore"):
+                theta = (sum_a[:, None] - a_b) / (sum_s[:, None] - s_b)
+                theta = np.where(w > 0, theta, 0.0)
+                mean_theta = (w * theta).sum(1) / c
+                se_star = np.sqrt((c - 1) / c * (w * (theta - mean_theta[:, None]) ** 2).sum(1))
+                t_star = (boot - ratio) / se_star
+                jack = (a.sum() - a) / (total - s)
+            t_star = t_star[np.isfinite(t_star)]
+            jack = jack[np.isfinite(jack)]
+            se_jack = math.sqrt((c - 1) / c * float(((jack - jack.mean()) ** 2).sum()))
+            if variant.startswith("symmetric"):
+                q_high = float(np.quantile(np.abs(t_star), confidence))
+                q_low = -q_high
+            else:
+                q_low, q_high = np.quantile(t_star, [alpha / 2, level])
+            low, high = ratio - q_high * se_jack, ratio - q_low * se_jack
         else:  # delta t
             half = float(stats.t.ppf(level, c - 1)) * se
             low, high = ratio - half, ratio + half

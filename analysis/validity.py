@@ -60,8 +60,8 @@ VALIDITY_SCHEMA = {
     "smallest_latency_difference_s": pl.Float64,
     "client_error_ok": pl.Boolean,
     "valid": pl.Boolean,
-    "verdict": pl.String,
     "reasons": pl.String,
+    "verdict": pl.String,
 }
 
 VERDICTS = ("valid", "invalid", "inconclusive")

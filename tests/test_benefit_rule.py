@@ -134,7 +134,13 @@ def test_an_invalid_campaign_recommends_nothing(valid: bool | None, wins: bool) 
 
 def test_one_repeat_gives_no_recommendation() -> None:
     decision = code_decision(campaign(), speedups(gain_row("code", 1.5, None, None), CHAT_FINE))
-    assert decision["wins"] is False and "needs at least 2 repeats" in decision["reason"]
+    assert decision["wins"] is False and "no interval, so no decision" in decision["reason"]
+
+
+def test_a_zero_width_interval_gives_no_decision() -> None:
+    """Greedy acceptance repeats exactly: an "interval" [1.5, 1.5] is no evidence, however far above 1.1."""
+    decision = code_decision(campaign(), speedups(gain_row("code", 1.5, 1.5, 1.5), CHAT_FINE))
+    assert decision["wins"] is False and "no interval, so no decision" in decision["reason"]
 
 
 def test_the_spec_sets_the_rule_parameters_and_the_rule_text_states_them() -> None:
