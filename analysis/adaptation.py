@@ -7,6 +7,13 @@ paired by repeat: per repeat the ratio new / old on the same stratum and load (T
 always means the new head is better), then the geometric mean of the ratios with the Student t interval of
 their logs (analysis.stats.ratio_interval), exactly as a speedup against plain is taken (docs/analysis.md).
 
+Mean acceptance length is the exception when the requests carry vLLM's per-request acceptance (request rows:
+prompt_id, spec_steps, spec_accepted_tokens): under greedy decoding every repeat accepts the same, so the
+per-repeat ratios are all equal and their t interval is degenerate ("no interval"). The spread that matters is
+between prompts: the ratio new / old of the two heads' MAL (1 + sum accepted / sum steps) over the prompts both
+served, all repeats pooled, with a paired bootstrap over those prompts (analysis.stats.
+paired_cluster_ratio_interval). Without request rows for both heads it falls back to the per-repeat t.
+
 The benefit rule mirrors analysis.decision: the new head is adopted for a stratum and load only when
   1. the interval of its gain (default the output-throughput ratio new / old) lies above 1 + min_effect
      (10% by default; one repeat gives no interval, hence no adoption);
@@ -27,7 +34,13 @@ from typing import Any
 
 import polars as pl
 
-from analysis.stats import has_interval, interval_label, percent, ratio_interval
+from analysis.stats import (
+    has_interval,
+    interval_label,
+    paired_cluster_ratio_interval,
+    percent,
+    ratio_interval,
+)
 
 HEADS = ("old", "new")
 METRICS: dict[str, tuple[str, bool]] = {
@@ -51,11 +64,24 @@ CELL_SCHEMA: dict[str, Any] = {
     "tpot_p50_s": pl.Float64,
     "drafter_sha256": pl.String,
 }
+# one row per measured, successful request with vLLM's per-request acceptance (flows.adapt.cell_rows)
+REQUEST_ROW_SCHEMA: dict[str, Any] = {
+    "cell_id": pl.String,
+    "head": pl.String,
+    "repeat": pl.Int64,
+    "stratum": pl.String,
+    "load_label": pl.String,
+    "prompt_id": pl.String,
+    "spec_steps": pl.Int64,
+    "spec_accepted_tokens": pl.Int64,
+}
+ACCEPTANCE = "mean_acceptance_length"
 
 RULE = (
-    "The adapted head is adopted for a stratum and load only when (1) the {confidence} t interval over "
-    "repeats of its {metric} ratio against the old head lies above {threshold:.2f} (1 + minimum effect "
-    "{min_effect:.0%}; one repeat gives no interval, hence no adoption), (2) no other stratum at that load is "
+    "The adapted head is adopted for a stratum and load only when (1) the {confidence} interval of its "
+    "{metric} ratio against the old head (t over repeats; mean acceptance length with per-request figures: a "
+    "paired bootstrap over prompts) lies above {threshold:.2f} (1 + minimum effect {min_effect:.0%}; no "
+    "interval, hence no adoption, from one repeat or a zero-width one), (2) no other stratum at that load is "
     "worse by more than {max_harm:.0%} (its ratio estimate below {floor:.2f}), (3) the new head's cells "
     "succeeded (at least {success:.0%} of requests), and (4) the greedy-correctness gate taken with the new "
     "head serving passed."
@@ -97,15 +123,93 @@ def cells_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
     return pl.DataFrame([{k: r.get(k) for k in CELL_SCHEMA} for r in rows], schema=CELL_SCHEMA, orient="row")
 
 
+def requests_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
+    """The confirmation's request rows (REQUEST_ROW_SCHEMA; missing columns are null)."""
+    return pl.DataFrame(
+        [{k: r.get(k) for k in REQUEST_ROW_SCHEMA} for r in rows], schema=REQUEST_ROW_SCHEMA, orient="row"
+    )
+
+
 def _ok(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.filter(pl.col("status") == "ok")
 
 
-def compare_heads(cells: pl.DataFrame, *, confidence: float = 0.95) -> list[dict[str, Any]]:
+def _usable_requests(
+    requests: pl.DataFrame | Sequence[dict[str, Any]] | None, ok: pl.DataFrame
+) -> pl.DataFrame | None:
+    """The request rows that can enter the paired acceptance ratio: of an ok cell, with steps > 0 and a count
+    of accepted tokens. None without any."""
+    if requests is None:
+        return None
+    frame = requests if isinstance(requests, pl.DataFrame) else requests_frame(requests)
+    if frame.is_empty():
+        return None
+    frame = frame.filter(
+        pl.col("cell_id").is_in(ok["cell_id"].drop_nulls().to_list())
+        & (pl.col("spec_steps") > 0)
+        & pl.col("spec_accepted_tokens").is_not_null()
+        & pl.col("prompt_id").is_not_null()
+    )
+    return None if frame.is_empty() else frame
+
+
+def _paired_acceptance(here: pl.DataFrame, confidence: float) -> dict[str, Any] | None:
+    """The MAL comparison from one stratum and load's request rows: new / old over the prompts both heads
+    served (every repeat pooled), with the paired bootstrap over those prompts. None (fall back to the
+    per-repeat t) unless both heads have request rows on a shared prompt."""
+    sides = {head: here.filter(pl.col("head") == head) for head in HEADS}
+    if any(side.is_empty() for side in sides.values()):
+        return None
+    new, old = sides["new"], sides["old"]
+    shared = set(new["prompt_id"].to_list()) & set(old["prompt_id"].to_list())
+    if not shared:
+        return None
+    interval = paired_cluster_ratio_interval(
+        new["spec_accepted_tokens"].cast(pl.Float64).to_list(),
+        new["spec_steps"].cast(pl.Float64).to_list(),
+        new["prompt_id"].to_list(),
+        old["spec_accepted_tokens"].cast(pl.Float64).to_list(),
+        old["spec_steps"].cast(pl.Float64).to_list(),
+        old["prompt_id"].to_list(),
+        offset=1.0,
+        confidence=confidence,
+    )
+    if not math.isfinite(interval.estimate):
+        return None
+
+    def pooled(side: pl.DataFrame) -> float:
+        mine = side.filter(pl.col("prompt_id").is_in(list(shared)))
+        return 1.0 + float(mine["spec_accepted_tokens"].sum()) / float(mine["spec_steps"].sum())
+
+    bounded = has_interval(interval)
+    # the label names the prompts: "n=24, bootstrap over 24 prompts paired new/old, ..."
+    return {
+        "estimate": interval.estimate,
+        "ci_low": interval.low if bounded else None,
+        "ci_high": interval.high if bounded else None,
+        "interval": interval_label(interval),
+        "old_mean": pooled(old),
+        "new_mean": pooled(new),
+    }
+
+
+def compare_heads(
+    cells: pl.DataFrame,
+    requests: pl.DataFrame | Sequence[dict[str, Any]] | None = None,
+    *,
+    confidence: float = 0.95,
+) -> list[dict[str, Any]]:
     """New head against old per stratum, load and metric, paired by repeat (ok cells of both heads in that
     repeat; a repeat where either side failed or lacks the figure is left out and `repeats` shows which
-    remained). Estimate: geometric mean of the per-repeat ratios; interval: t on their logs."""
+    remained). Estimate: geometric mean of the per-repeat ratios; interval: t on their logs.
+
+    Mean acceptance length, when `requests` (REQUEST_ROW_SCHEMA rows or frame; those of ok cells count) hold
+    per-request acceptance for both heads at that stratum and load: estimate, interval and the two means are
+    the requests' pooled MAL over the prompts both heads served (all repeats), with the paired bootstrap over
+    those prompts (module docstring); `ratios`, `repeats` and `n_repeats` stay the cells' per-repeat figures,
+    and the interval label names the prompts."""
     ok = _ok(cells)
+    usable = _usable_requests(requests, ok)
     out: list[dict[str, Any]] = []
     keys = ok.select("stratum", "load_label").unique().sort("stratum", "load_label")
     for stratum, load in keys.iter_rows():
@@ -145,6 +249,12 @@ def compare_heads(cells: pl.DataFrame, *, confidence: float = 0.95) -> list[dict
                 )
             else:
                 row.update(estimate=None, ci_low=None, ci_high=None, interval="no paired repeats")
+            if metric == ACCEPTANCE and usable is not None:
+                paired = _paired_acceptance(
+                    usable.filter((pl.col("stratum") == stratum) & (pl.col("load_label") == load)), confidence
+                )
+                if paired is not None:
+                    row.update(paired)
             out.append(row)
     return out
 
@@ -284,11 +394,16 @@ def _ratio_text(c: dict[str, Any]) -> str:
 
 
 def confirm(
-    cells: pl.DataFrame, *, target_stratum: str, gate_passed: bool | None, rule: Rule = Rule()
+    cells: pl.DataFrame,
+    *,
+    target_stratum: str,
+    gate_passed: bool | None,
+    rule: Rule = Rule(),
+    requests: pl.DataFrame | Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the confirmation's document needs from its cells: comparisons, verdicts, the strata that
-    should get the head and the summary."""
-    comparisons = compare_heads(cells, confidence=rule.confidence)
+    """Everything the confirmation's document needs from its cells (and, for acceptance, its requests:
+    compare_heads): comparisons, verdicts, the strata that should get the head and the summary."""
+    comparisons = compare_heads(cells, requests, confidence=rule.confidence)
     verdicts = judge(
         comparisons,
         new_head_success(cells),

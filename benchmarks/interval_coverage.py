@@ -37,9 +37,20 @@ resamples: percentile, BCa, bootstrap-t studentized by the delta-method SE (on t
 by the jackknife SE (equal-tailed and symmetric), and the delta-method t without a bootstrap. 4 prompts is
 below the product's min_clusters (5); drawn here all the same (min_clusters=2).
 
-Under 1-2 minutes on 2 cores at --trials 2000 (the block timings are printed; --blocks runs a subset).
+paired -- the ratio of two heads' MAL on the same prompts (adaptation confirmation: new / old,
+analysis.stats.paired_cluster_ratio_interval). Per prompt the old head's acceptance probability from Beta(2, 2),
+the new head's logit(alpha_new) = logit(alpha_old) + delta + tau z, z ~ N(0, 1) (a planted effect delta with
+prompt-level heterogeneity tau; correlated across heads through alpha_old); one output length per prompt for
+both heads (greedy and lossless: the same tokens), log-normal as above, verify steps per head as above. Greedy:
+3 repeats identical (their rows summed per prompt). The truth is the ratio of the two population MALs (Monte
+Carlo over 2 million prompts). Scenarios: delta 0.28, tau 0.3 (about +8%); delta 0, tau 0.5 (no effect on
+average, each prompt moves); delta 0.3, tau 0.8 (heterogeneous). Both scales of the symmetric bootstrap-t
+(jackknife SE): on log(ratio) and on the ratio. min_clusters=2 here, so 4 prompts are drawn too.
 
-    .venv/bin/python benchmarks/interval_coverage.py [--trials 2000] [--resamples 999]
+Under 2-3 minutes on 2 cores at --trials 2000 (the paired block about 50 s; the block timings are printed;
+--blocks runs a subset, e.g. --blocks paired).
+
+    .venv/bin/python benchmarks/interval_coverage.py [--trials 2000] [--resamples 999] [--blocks paired]
 """
 
 from __future__ import annotations
@@ -56,11 +67,14 @@ from analysis.crossover import crossover_interval
 from analysis.stats import (
     CLUSTER_VARIANT,
     CLUSTER_VARIANTS,
+    PAIRED_SCALE,
+    PAIRED_SCALES,
     Interval,
     LaunchVariance,
     cluster_ratio_intervals,
     has_interval,
     mean_interval,
+    paired_cluster_ratio_interval,
     pooled_ratio_interval,
     pooled_variance,
     ratio_interval,
@@ -287,6 +301,73 @@ def acceptance_block(args: argparse.Namespace, rng: np.random.Generator) -> list
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- paired
+
+PAIRED_NS = (4, 5, 6, 8, 12, 16, 32, 48)
+PAIRED_REPEATS = 3  # greedy: identical
+
+
+def two_heads(
+    rng: np.random.Generator, count: int, delta: float, tau: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha_old, steps_old, alpha_new, steps_new) of `count` prompts: one output length per prompt for both
+    heads (greedy, lossless), the new head's acceptance shifted on the logit scale by delta + tau z."""
+    old = np.clip(rng.beta(2.0, 2.0, count), 1e-9, 1 - 1e-9)
+    new = np.clip(
+        1 / (1 + np.exp(-(np.log(old / (1 - old)) + delta + tau * rng.normal(size=count)))), 0, 1 - 1e-9
+    )
+    length = np.clip(np.exp(rng.normal(math.log(128), 1.0, count)), 8, 2048)
+    return (
+        old,
+        np.ceil(length / (1 + expected_accepted(old))),
+        new,
+        np.ceil(length / (1 + expected_accepted(new))),
+    )
+
+
+def population_mal_ratio(rng: np.random.Generator, delta: float, tau: float, count: int = 2_000_000) -> float:
+    old, steps_old, new, steps_new = two_heads(rng, count, delta, tau)
+    mal_old = 1 + float((steps_old * expected_accepted(old)).sum() / steps_old.sum())
+    mal_new = 1 + float((steps_new * expected_accepted(new)).sum() / steps_new.sum())
+    return mal_new / mal_old
+
+
+def paired_block(args: argparse.Namespace, rng: np.random.Generator) -> list[Row]:
+    rows: list[Row] = []
+    for delta, tau in ((0.28, 0.3), (0.0, 0.5), (0.3, 0.8)):
+        truth = population_mal_ratio(np.random.default_rng(12345), delta, tau)
+        scenario = f"delta {delta:g}, tau {tau:g} (truth {truth:.4f}), greedy x{PAIRED_REPEATS}"
+        print(f"paired {scenario}")
+        t = {scale: tallies(PAIRED_NS) for scale in PAIRED_SCALES}
+        for n in PAIRED_NS:
+            labels = np.tile(np.arange(n).astype(str), PAIRED_REPEATS)
+            for trial in range(args.trials):
+                old, steps_old, new, steps_new = two_heads(rng, n, delta, tau)
+                acc_old, acc_new = accepted(rng, old, steps_old), accepted(rng, new, steps_new)
+                for scale in PAIRED_SCALES:
+                    interval = paired_cluster_ratio_interval(
+                        np.tile(acc_new, PAIRED_REPEATS),
+                        np.tile(steps_new, PAIRED_REPEATS),
+                        labels,
+                        np.tile(acc_old, PAIRED_REPEATS),
+                        np.tile(steps_old, PAIRED_REPEATS),
+                        labels,
+                        offset=1.0,
+                        confidence=args.confidence,
+                        resamples=args.resamples,
+                        seed=trial,
+                        min_clusters=2,
+                        scale=scale,
+                    )
+                    t[scale][n].add(interval, truth)
+        for scale in PAIRED_SCALES:
+            in_use = "yes" if scale == PAIRED_SCALE else "no"
+            rows.append(
+                (f"MAL new/old: paired cluster bootstrap-t, {scale} scale", in_use, scenario, t[scale])
+            )
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ table
 
 
@@ -343,7 +424,11 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=1.1)
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--blocks", default="repeats,launches,acceptance", help="which blocks to run")
+    parser.add_argument(
+        "--blocks",
+        default="repeats,launches,acceptance,paired",
+        help="which blocks to run, comma-separated (repeats, launches, acceptance, paired)",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     print(
@@ -363,6 +448,14 @@ def main() -> None:
                 "acceptance (n = prompts)",
                 (4, 6, 8, 16, 32, 48),
                 timed("acceptance", lambda: acceptance_block(args, rng)),
+            )
+        )
+    if "paired" in chosen:
+        blocks.append(
+            (
+                "paired new/old MAL (n = prompts)",
+                PAIRED_NS,
+                timed("paired", lambda: paired_block(args, rng)),
             )
         )
     print_table(blocks)

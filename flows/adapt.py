@@ -275,9 +275,18 @@ def gate_step(
     }
 
 
-def cell_rows(directory: Path, results: list[adapt.BlockResult]) -> list[dict[str, Any]]:
-    """The analysis frame's rows: each block's cells as their latest attempt's summary recorded them."""
+def cell_rows(
+    directory: Path, results: list[adapt.BlockResult]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The analysis frames' rows: each block's cells as their latest attempt's summary recorded them, and
+    their requests that carry vLLM's per-request acceptance (analysis.adaptation.REQUEST_ROW_SCHEMA: the
+    measured phase, ok, spec_steps > 0). None from a requests.parquet written before those columns existed,
+    nor from requests the engine gave no acceptance for (null: plain, older vLLM)."""
+    import polars as pl
+
+    wanted = ("prompt_id", "phase", "ok", "spec_steps", "spec_accepted_tokens")
     rows = []
+    requests = []
     cells = layout.cells_dir(directory)
     for result in results:
         for cell_id, status in result.cells:
@@ -304,7 +313,22 @@ def cell_rows(directory: Path, results: list[adapt.BlockResult]) -> list[dict[st
                     "drafter_sha256": drafter.get("sha256"),
                 }
             )
-    return rows
+            path = attempt / layout.REQUESTS
+            if not path.exists() or not set(wanted) <= set(pl.read_parquet_schema(path)):
+                continue
+            measured = pl.read_parquet(path, columns=list(wanted)).filter(
+                (pl.col("phase") == "measured")
+                & pl.col("ok").fill_null(False)
+                & (pl.col("spec_steps") > 0)
+                & pl.col("spec_accepted_tokens").is_not_null()
+                & pl.col("prompt_id").is_not_null()
+            )
+            where = {k: rows[-1][k] for k in ("cell_id", "head", "repeat", "stratum", "load_label")}
+            requests += [
+                {**where, **r}
+                for r in measured.select("prompt_id", "spec_steps", "spec_accepted_tokens").to_dicts()
+            ]
+    return rows, requests
 
 
 def hash_notes(rows: list[dict[str, Any]], heads: dict[str, HeadRef]) -> list[str]:
@@ -437,12 +461,13 @@ def run_confirmation(inputs: Inputs, *, ingest: bool = True, log: Any = None) ->
         except Exception as exc:  # no plain side: no verdict, said so
             gate_error = f"{type(exc).__name__}: {exc}"
     gate_facts = gate_step(inputs, directory, plain, gate_error) if inputs.gate and error is None else None
-    rows = cell_rows(directory, result.blocks) if result is not None else []
+    rows, requests = cell_rows(directory, result.blocks) if result is not None else ([], [])
     verdict = confirm(
         cells_frame(rows),
         target_stratum=inputs.target_stratum,
         gate_passed=None if gate_facts is None else gate_facts.get("passed"),
         rule=inputs.rule,
+        requests=requests,
     )
     notes = hash_notes(rows, heads)
     document = {

@@ -302,6 +302,222 @@ def test_the_gain_metric_can_be_acceptance() -> None:
         Rule(gain_metric="speed")
 
 
+# --- acceptance over prompts (per-request acceptance) -------------------------------------------------------------
+
+MAL = "mean_acceptance_length"
+
+
+def greedy_cells(strata: tuple[str, ...] = ("shifted",), mal_ratio: float = 1.08) -> pl.DataFrame:
+    """Greedy decoding: every repeat gives the same MAL, so the per-repeat MAL ratios are all equal."""
+    return planted_cells(
+        {s: [1.0, 1.01, 0.99] for s in strata}, mal_gain={s: [mal_ratio] * 3 for s in strata}
+    )
+
+
+def planted_requests(
+    stratum: str = "shifted",
+    *,
+    effect: float = 1.08,
+    spread: float = 0.03,
+    prompts: int = 24,
+    seed: int = 11,
+    heads: tuple[str, ...] = ("old", "new"),
+) -> list[dict[str, Any]]:
+    """Per prompt the old head's MAL from 1.3 to 3.5 and the new head's that times `effect` x the prompt's
+    own log-normal factor (sd `spread`); each head's counts identical in every repeat (greedy)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    mal_old = rng.uniform(1.3, 3.5, prompts)
+    mal_new = mal_old * effect * np.exp(rng.normal(0.0, spread, prompts))
+    steps_old = rng.integers(20, 400, prompts)
+    steps_new = np.round(steps_old * mal_old / mal_new).astype(int)  # the same tokens in fewer steps
+    counts = {
+        "old": (steps_old, np.round((mal_old - 1) * steps_old).astype(int)),
+        "new": (steps_new, np.round((mal_new - 1) * steps_new).astype(int)),
+    }
+    return [
+        {
+            "cell_id": ids.adapted_cell_id("eagle3-k3", head, repeat, stratum, "c1"),
+            "head": head,
+            "repeat": repeat,
+            "stratum": stratum,
+            "load_label": "c1",
+            "prompt_id": f"{stratum}-{i}",
+            "spec_steps": int(counts[head][0][i]),
+            "spec_accepted_tokens": int(counts[head][1][i]),
+        }
+        for head in heads
+        for repeat in range(3)
+        for i in range(prompts)
+    ]
+
+
+def mal_row(comparisons: list[dict[str, Any]], stratum: str = "shifted") -> dict[str, Any]:
+    return next(c for c in comparisons if c["metric"] == MAL and c["stratum"] == stratum)
+
+
+def test_greedy_acceptance_without_requests_has_no_interval() -> None:
+    cells = greedy_cells()
+    row = mal_row(compare_heads(cells))
+    assert row["estimate"] == pytest.approx(1.08) and row["ci_low"] is None and row["ci_high"] is None
+    assert row["interval"] == "n=3, degenerate (all repeats equal): no interval"
+    rule = Rule(gain_metric=MAL, min_effect=0.02)
+    v = confirm(cells, target_stratum="shifted", gate_passed=True, rule=rule)["verdicts"][0]
+    assert not v["adopt"] and "no interval, so no decision" in v["reason"]
+    # request rows without acceptance for both heads (older files: none at all) change nothing
+    for requests in ([], planted_requests(heads=("old",))):
+        assert mal_row(compare_heads(cells, requests)) == row
+
+
+def test_greedy_acceptance_gets_an_interval_over_prompts_from_the_requests() -> None:
+    cells = greedy_cells()
+    requests = planted_requests()
+    before = {c["metric"]: c for c in compare_heads(cells)}
+    after = {c["metric"]: c for c in compare_heads(cells, requests)}
+    mal = after[MAL]
+    assert has_interval_row(mal) and mal["ci_low"] < 1.08 < mal["ci_high"]
+    assert mal["ci_high"] - mal["ci_low"] < 0.06  # paired: the prompts' spread (MAL 1.3-3.5) cancels
+    assert mal["interval"] == (
+        "n=24, bootstrap over 24 prompts paired new/old, symmetric bootstrap-t (jackknife SE) 95%"
+    )
+    assert mal["estimate"] == pytest.approx(mal["new_mean"] / mal["old_mean"])
+    # the repeats stay the cells' own (all equal under greedy decoding)
+    assert mal["n_repeats"] == 3 and mal["repeats"] == [0, 1, 2]
+    assert mal["ratios"] == pytest.approx([1.08] * 3)
+    # throughput and TPOT keep the per-repeat t
+    for metric in ("throughput", "tpot_p50"):
+        assert after[metric] == before[metric]
+    # a frame works as the rows do
+    from analysis.adaptation import requests_frame
+
+    assert mal_row(compare_heads(cells, requests_frame(requests))) == mal
+
+
+def has_interval_row(row: dict[str, Any]) -> bool:
+    return row["ci_low"] is not None and row["ci_high"] is not None and row["ci_high"] > row["ci_low"]
+
+
+def test_the_rule_on_acceptance_over_prompts_adopts_only_when_the_interval_clears() -> None:
+    cells, requests = greedy_cells(), planted_requests()
+    low = Rule(gain_metric=MAL, min_effect=0.02)
+    out = confirm(cells, target_stratum="shifted", gate_passed=True, rule=low, requests=requests)
+    v = out["verdicts"][0]
+    assert v["adopt"] and out["adopt_strata"] == ["shifted"], v["reason"]
+    assert v["reason"].startswith("adopt: mean_acceptance_length ratio 1.07")
+    assert v["n_repeats"] == 3
+    assert "bootstrap over 24 prompts paired new/old" in out["summary"]
+    # 8% planted: an interval around 1.08 straddles 1 + 8% -> no adoption
+    edge = Rule(gain_metric=MAL, min_effect=0.08)
+    v = confirm(cells, target_stratum="shifted", gate_passed=True, rule=edge, requests=requests)["verdicts"][
+        0
+    ]
+    assert v["ci_low"] < 1.08 < v["ci_high"]
+    assert not v["adopt"] and "not above 1.08" in v["reason"]
+    # no effect: the interval holds 1, nothing adopted even at a minimum effect of 0
+    flat = planted_requests(effect=1.0)
+    none = confirm(
+        greedy_cells(mal_ratio=1.0),
+        target_stratum="shifted",
+        gate_passed=True,
+        rule=Rule(gain_metric=MAL, min_effect=0.0),
+        requests=flat,
+    )["verdicts"][0]
+    assert none["ci_low"] < 1.0 < none["ci_high"] and not none["adopt"]
+
+
+def test_identical_per_prompt_ratios_are_no_interval_and_no_decision() -> None:
+    """Every prompt exactly 8% better (old MAL 1.6, new 1.728 on each, steps from 125 to 1000): the prompts
+    do not differ in the gain, so there is nothing uncertain to bound and no decision."""
+    requests = [
+        {
+            "cell_id": ids.adapted_cell_id("eagle3-k3", head, repeat, "shifted", "c1"),
+            "head": head,
+            "repeat": repeat,
+            "stratum": "shifted",
+            "load_label": "c1",
+            "prompt_id": f"p{i}",
+            "spec_steps": 125 * (i + 1),
+            "spec_accepted_tokens": (75 if head == "old" else 91) * (i + 1),
+        }
+        for head in ("old", "new")
+        for repeat in range(3)
+        for i in range(8)
+    ]
+    rule = Rule(gain_metric=MAL, min_effect=0.02)
+    out = confirm(greedy_cells(), target_stratum="shifted", gate_passed=True, rule=rule, requests=requests)
+    mal = mal_row(out["comparisons"])
+    assert mal["estimate"] == pytest.approx(1.08) and mal["ci_low"] is None
+    assert mal["interval"] == "n=8, every one of the prompts has the same ratio: no interval"
+    v = out["verdicts"][0]
+    assert not v["adopt"] and "no interval, so no decision" in v["reason"]
+
+
+def test_requests_of_a_failed_cell_do_not_count() -> None:
+    cells = greedy_cells().with_columns(
+        pl.when((pl.col("head") == "new") & (pl.col("repeat") == 1))
+        .then(pl.lit("failed"))
+        .otherwise(pl.col("status"))
+        .alias("status")
+    )
+    requests = planted_requests()
+    clean = mal_row(compare_heads(cells, requests))
+    failed_cell = ids.adapted_cell_id("eagle3-k3", "new", 1, "shifted", "c1")
+    spoiled = [
+        {**r, "spec_accepted_tokens": 50 * r["spec_steps"]} if r["cell_id"] == failed_cell else r
+        for r in requests
+    ]
+    assert mal_row(compare_heads(cells, spoiled))["estimate"] == pytest.approx(clean["estimate"])
+    assert clean["estimate"] == pytest.approx(mal_row(compare_heads(greedy_cells(), requests))["estimate"])
+
+
+def test_cell_rows_read_the_requests_acceptance(tmp_path: Path) -> None:
+    from artifacts.documents import REQUEST_OPTIONAL_COLUMNS, REQUEST_SCHEMA
+    from flows.adapt import cell_rows
+
+    summary = {
+        "speculation": {"mean_acceptance_length": 2.0},
+        "requests": {"ok": 3, "total": 4},
+        "output_throughput_tok_s": 10.0,
+        "latency_s": {"tpot": {"p50": 0.1}},
+    }
+    meta = {"deployment": {"drafter": {"sha256": NEW_SHA}}}
+    block = Block(0, 2, "new", "shifted")
+    cells = {c: ids.adapted_cell_id("eagle3-k3", "new", 2, "shifted", c) for c in ("c1", "c4")}
+    requests = [
+        {"prompt_id": "p0", "phase": "measured", "ok": True, "spec_steps": 10, "spec_accepted_tokens": 7},
+        {"prompt_id": "p1", "phase": "warmup", "ok": True, "spec_steps": 10, "spec_accepted_tokens": 7},
+        {"prompt_id": "p2", "phase": "measured", "ok": False, "spec_steps": 10, "spec_accepted_tokens": 7},
+        {
+            "prompt_id": "p3",
+            "phase": "measured",
+            "ok": True,
+            "spec_steps": None,
+            "spec_accepted_tokens": None,
+        },
+        {"prompt_id": "p4", "phase": "measured", "ok": True, "spec_steps": 0, "spec_accepted_tokens": 0},
+        {"prompt_id": "p5", "phase": "measured", "ok": True, "spec_steps": 4, "spec_accepted_tokens": 0},
+    ]
+    older = {k: v for k, v in REQUEST_SCHEMA.items() if k not in REQUEST_OPTIONAL_COLUMNS}
+    for label, cell in cells.items():
+        attempt = layout.cell_dir(tmp_path, cell, 1)
+        attempt.mkdir(parents=True)
+        write_json_atomic(attempt / layout.SUMMARY, summary)
+        write_json_atomic(attempt / layout.META, meta)
+        schema = REQUEST_SCHEMA if label == "c1" else older  # c4: a file from before the columns
+        rows = [{k: r.get(k) for k in schema} for r in requests]
+        pl.DataFrame(rows, schema=schema, orient="row").write_parquet(attempt / layout.REQUESTS)
+    result = adapt.BlockResult(block, [(cells["c1"], "ok"), (cells["c4"], "ok")], None, NEW_SHA)
+    rows, request_rows = cell_rows(tmp_path, [result])
+    assert [r["cell_id"] for r in rows] == [cells["c1"], cells["c4"]]
+    assert rows[0]["mean_acceptance_length"] == 2.0 and rows[0]["load_label"] == "c1"
+    where = {"cell_id": cells["c1"], "head": "new", "repeat": 2, "stratum": "shifted", "load_label": "c1"}
+    assert request_rows == [
+        {**where, "prompt_id": "p0", "spec_steps": 10, "spec_accepted_tokens": 7},
+        {**where, "prompt_id": "p5", "spec_steps": 4, "spec_accepted_tokens": 0},
+    ]
+
+
 def test_adopt_strata_needs_every_load() -> None:
     verdicts = [
         {"stratum": "a", "adopt": True},

@@ -17,6 +17,7 @@ from analysis.stats import (
     has_interval,
     interval_label,
     mean_interval,
+    paired_cluster_ratio_interval,
     per_repeat_interval,
     pooled_ratio_interval,
     pooled_variance,
@@ -211,3 +212,103 @@ def test_cluster_bootstrap_covers_a_planted_population() -> None:
         widths.append(interval.high - interval.low)
     assert hits >= 85
     assert 0.4 < float(np.median(widths)) < 0.9  # about 4 standard errors (0.14), not the range of MAL (1-4)
+
+
+# -------------------------------------------------------------- paired prompt-clustered bootstrap (new / old)
+
+
+def two_heads(rng: np.random.Generator, count: int, effect: float, spread: float):
+    """Per prompt (new accepted, new steps, old accepted, old steps): the old head's MAL from 1.3 to 3.5, the
+    new head's that times effect x a prompt's own log-normal factor (sd `spread`), 20-400 steps a head."""
+    mal_old = rng.uniform(1.3, 3.5, count)
+    mal_new = mal_old * effect * np.exp(rng.normal(0.0, spread, count))
+    steps_old = rng.integers(20, 400, count).astype(float)
+    steps_new = np.round(steps_old * mal_old / mal_new)  # the same output tokens in fewer steps
+    return (mal_new - 1) * steps_new, steps_new, (mal_old - 1) * steps_old, steps_old
+
+
+def test_paired_estimate_is_the_ratio_of_pooled_ratios_over_shared_prompts() -> None:
+    new_acc, new_steps = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 7.0], [10.0, 10.0, 20.0, 5.0, 10.0, 15.0, 99.0]
+    old_acc, old_steps = [2.0, 1.0, 3.0, 2.0, 4.0, 6.0], [10.0, 12.0, 20.0, 5.0, 11.0, 15.0]
+    new_ids, old_ids = list("abcdefz"), list("abcdef")  # z: new head only, left out
+    interval = paired_cluster_ratio_interval(
+        new_acc, new_steps, new_ids, old_acc, old_steps, old_ids, offset=1.0
+    )
+    assert interval.estimate == pytest.approx((1 + 23 / 70) / (1 + 18 / 73))
+    assert interval.n == 6 and has_interval(interval)
+    assert interval.low < interval.estimate < interval.high
+    assert interval_label(interval) == (
+        "n=6, bootstrap over 6 prompts paired new/old, symmetric bootstrap-t (jackknife SE) 95%"
+    )
+    # rows of a prompt from several repeats are summed per prompt: greedy repeats change nothing
+    thrice = paired_cluster_ratio_interval(
+        new_acc * 3, new_steps * 3, new_ids * 3, old_acc * 3, old_steps * 3, old_ids * 3, offset=1.0
+    )
+    assert (thrice.estimate, thrice.low, thrice.high, thrice.n) == pytest.approx(
+        (interval.estimate, interval.low, interval.high, 6)
+    )
+
+
+def test_paired_no_interval_cases() -> None:
+    steps = np.array([10.0, 40.0, 25.0, 5.0, 100.0, 60.0])
+    ids = [f"p{i}" for i in range(6)]
+    # every prompt 8% better on the MAL alike (greedy, no prompt spread): nothing uncertain to bound
+    same = paired_cluster_ratio_interval(0.728 * steps, steps, ids, 0.6 * steps, steps, ids, offset=1.0)
+    assert same.estimate == pytest.approx(1.08) and same.low == same.high == same.estimate
+    assert interval_label(same) == "n=6, every one of the prompts has the same ratio: no interval"
+    few = paired_cluster_ratio_interval(
+        [1.0, 2.0, 3.0, 4.0], [5.0] * 4, list("abcd"), [1.0, 1.0, 3.0, 1.0], [5.0] * 4, list("abcd")
+    )
+    assert not has_interval(few) and few.n == 4
+    assert few.method == "fewer than 5 prompts on both sides: no interval"
+    # six prompts each, but only four of them on both sides
+    apart = paired_cluster_ratio_interval(
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [5.0] * 6, list("abcdef"), [1.0] * 6, [5.0] * 6, list("abcdxy")
+    )
+    assert not has_interval(apart) and apart.n == 4
+    zero = paired_cluster_ratio_interval([0.0] * 6, [1.0] * 6, ids, [0.0] * 6, [1.0] * 6, ids)
+    assert not has_interval(zero) and zero.method == "zero denominator: no interval"
+    with pytest.raises(ValueError, match="scale"):
+        paired_cluster_ratio_interval([1.0], [1.0], ["a"], [1.0], [1.0], ["a"], scale="sqrt")
+    # one prompt carries the new head's gain: the ratio scale would reach below 0, so the log scale's interval
+    # (positive bounds: the warehouse wants them) is given, and named
+    heavy = paired_cluster_ratio_interval(
+        [0.1, 0.2, 9.0, 0.1, 0.3, 0.2], [1.0] * 6, ids, [1.0, 1.2, 0.8, 1.1, 0.9, 1.0], [1.0] * 6, ids
+    )
+    assert heavy.estimate == pytest.approx(9.9 / 6.0) and has_interval(heavy) and 0 < heavy.low < 0.5
+    assert heavy.method.endswith("symmetric bootstrap-t on logs (jackknife SE) 95%")
+
+
+def test_paired_resampling_cancels_what_the_heads_share() -> None:
+    """Prompts differ far more than the heads do on each (MAL 1.3-3.5; the new head 8% better with 3% spread):
+    drawing the same prompts for both arms cancels the prompt-to-prompt spread, so the paired interval is a
+    small fraction of the two arms' own intervals (an unpaired bootstrap would be about as wide as those)."""
+    rng = np.random.default_rng(11)
+    new_acc, new_steps, old_acc, old_steps = two_heads(rng, 24, 1.08, 0.03)
+    ids = [f"p{i}" for i in range(24)]
+    paired = paired_cluster_ratio_interval(new_acc, new_steps, ids, old_acc, old_steps, ids, offset=1.0)
+    new = cluster_ratio_interval(new_acc, new_steps, ids, offset=1.0)
+    old = cluster_ratio_interval(old_acc, old_steps, ids, offset=1.0)
+    assert paired.estimate == pytest.approx(new.estimate / old.estimate)
+    assert paired.low < 1.08 < paired.high
+    relative = (paired.high - paired.low) / paired.estimate
+    assert relative < 0.25 * min((new.high - new.low) / new.estimate, (old.high - old.low) / old.estimate)
+    assert relative < 0.05
+
+
+def test_paired_bootstrap_covers_a_planted_effect() -> None:
+    rng = np.random.default_rng(2027)
+    new_acc, new_steps, old_acc, old_steps = two_heads(rng, 1_000_000, 1.08, 0.05)
+    truth = (1 + new_acc.sum() / new_steps.sum()) / (1 + old_acc.sum() / old_steps.sum())  # the population's
+    hits, widths = 0, []
+    ids = [f"p{i}" for i in range(16)]
+    for trial in range(100):
+        new_acc, new_steps, old_acc, old_steps = two_heads(rng, 16, 1.08, 0.05)
+        interval = paired_cluster_ratio_interval(
+            new_acc, new_steps, ids, old_acc, old_steps, ids, offset=1.0, resamples=1000, seed=trial
+        )
+        assert has_interval(interval) and interval.n == 16
+        hits += interval.low <= truth <= interval.high
+        widths.append(interval.high - interval.low)
+    assert hits >= 85
+    assert 0.03 < float(np.median(widths)) < 0.10  # about 4 standard errors of the mean factor (0.05 / 4)
