@@ -67,6 +67,8 @@ class CampaignData:
     # plain's launch-to-launch variance pooled from earlier campaigns launched the same way (analysis.history);
     # None without such history or with `analysis.pool_history: false`
     history: LaunchVariance | None = None
+    # every ok cell (the A/A arm's too): who else used the host's CPU while it measured (tasks/metrics/host_load)
+    host_load: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -241,6 +243,12 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         "AND r.phase = 'measured' AND r.ok AND r.spec_steps > 0 ORDER BY c.cell_id, r.request_index",
         [cid],
     )
+    host_load = _frame(
+        con,
+        "SELECT cell_id, variant, workload, load_label, host_cpus, host_busy_share, host_ours_share, "
+        "host_other_share FROM v_cells WHERE campaign_id = ? ORDER BY cell_id",
+        [cid],
+    )
     pool = bool(((campaign.get("spec") or {}).get("analysis") or {}).get("pool_history", True))
     history = launch_history(con, campaign) if pool else None
     return CampaignData(
@@ -259,6 +267,7 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         client_calibration=calibrations.row(0, named=True) if not calibrations.is_empty() else None,
         request_acceptance=request_acceptance,
         history=history,
+        host_load=host_load,
     )
 
 

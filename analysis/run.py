@@ -203,6 +203,9 @@ class AnalysisResult:
             "notes": self.results.notes,
             "valid": is_valid(self.results.validity) is not False,
             "validity": verdict_of(self.results.validity),
+            "validity_reasons": None
+            if self.results.validity.is_empty()
+            else str(self.results.validity["reasons"][0]),
             "invalid_reasons": None
             if is_valid(self.results.validity) is not False
             else str(self.results.validity["reasons"][0]),

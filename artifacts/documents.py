@@ -495,6 +495,16 @@ class GaugeSummary(Document):
     scrape_failures: Whole | None = None
 
 
+class HostLoad(Document):
+    """Shares of the host's CPU capacity while the cell measured (tasks.metrics.host_load): busy = ours (the
+    process tree that ran the cell: client, load workers, a local engine) + other (every other process)."""
+
+    cpus: Annotated[Whole | None, Column(ge=1)] = None
+    busy_share: Annotated[Number | None, Column(ge=0, le=1)] = None
+    ours_share: Annotated[Number | None, Column(ge=0, le=1)] = None
+    other_share: Annotated[Number | None, Column(ge=0, le=1)] = None
+
+
 class CellSummary(Document):
     """cells/<cell_id>.a<n>/summary.json, built by tasks.metrics.summary.summarize_cell.
 
@@ -525,6 +535,7 @@ class CellSummary(Document):
     gauges: Annotated[GaugeSummary | None, Columns("gauge_")] = None
     server_valid: Annotated[Flag | None, Column()] = None
     server_problem: Annotated[Text | None, Column()] = None
+    host: Annotated[HostLoad | None, Columns("host_")] = None  # who else used the CPU (null: not Linux)
 
 
 # ------------------------------------------------------------------------------------ per-row parquet files

@@ -422,9 +422,10 @@ class ValiditySpec(Strict):
     own error measured at the campaign's start, and the limits past which the campaign is marked invalid."""
 
     aa_control: bool = Field(
-        default=False,
+        default=True,
         description="Add a second plain arm launched the same way (`<plain>-aa`, every repeat, in the shuffled "
-        "order): its throughput against the first plain arm is the campaign's A/A gap.",
+        "order): its throughput against the first plain arm is the campaign's A/A gap. On by default: without "
+        "it the gap is unknown and the campaign's validity can only be inconclusive.",
     )
     max_aa_gap: float = Field(
         default=0.015, gt=0, description="Invalid when the A/A gap |control / plain - 1| is larger."
@@ -434,6 +435,14 @@ class ValiditySpec(Strict):
         gt=0,
         description="Invalid when plain's repeats differ by more: the median over plain cells of "
         "(max - min) / mean of their output throughput.",
+    )
+    max_other_cpu_share: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="A cell during which other processes (not the client, its workers or a local engine) used "
+        "more than this share of the host's CPU did not measure the engine alone: the campaign is then at best "
+        "inconclusive, and invalid when such cells are a quarter or more of its cells (analysis/validity.py).",
     )
     client_calibration: bool = Field(
         default=True,
@@ -757,7 +766,8 @@ def _with_aa_control(data: dict[str, Any], variants: Any) -> Any:
     """With `validity.aa_control`, a copy of the reference plain variant (the first plain entry) named
     `<name>-aa` and marked as the A/A control, unless the spec lists a control already (a written-back spec)."""
     validity = data.get("validity")
-    if not (isinstance(validity, dict) and validity.get("aa_control")) or not isinstance(variants, list):
+    wanted = validity.get("aa_control", True) if isinstance(validity, dict) else validity is None
+    if not wanted or not isinstance(variants, list):
         return variants
     entries = [v for v in variants if isinstance(v, dict)]
     if any(v.get("aa_control") for v in entries):

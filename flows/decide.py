@@ -161,7 +161,8 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
         ]
     decision = decision_task(plan, campaign_id)
     ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
-    report = analyze_flow(campaign_id=campaign_id)["report"]
+    analysis = analyze_flow(campaign_id=campaign_id)
+    report = analysis["report"]
     approval = sign_off(decision, request.sign_off_timeout_s) if request.sign_off and plan.spec else None
     promotion = promote_task(decision, approval, via="prefect-ui")
     if approval is not None:  # the answer is a raw artifact too: v_decision shows who signed off
@@ -172,4 +173,6 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
         "decision": decision,
         "report": report,
         "promotion": promotion,
+        # the verification campaign's own validity (analysis/validity.py): valid, invalid or inconclusive
+        "validity": {"verdict": analysis.get("validity"), "reasons": analysis.get("validity_reasons")},
     }

@@ -18,7 +18,7 @@ import httpx
 import polars as pl
 
 from artifacts import ids, layout
-from artifacts.documents import GAUGE_SCHEMA, CellMeta, CellSummary
+from artifacts.documents import GAUGE_SCHEMA, CellMeta, CellSummary, HostLoad
 from artifacts.store import atomic_dir, write_json
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling
@@ -30,6 +30,7 @@ from tasks.load.client import StreamingClient
 from tasks.load.records import RequestRecord, records_frame
 from tasks.load.runner import LoadPlan, run_load
 from tasks.load.workers import resolve_workers, run_load_workers
+from tasks.metrics import host_load
 from tasks.metrics.gauges import GaugeSampler
 from tasks.metrics.prometheus import ascrape, counter_delta, has_spec_decode, spec_decode_delta
 from tasks.metrics.summary import summarize_cell
@@ -233,6 +234,7 @@ def run_cell(
         log.warning("cell %s: workers auto could not be resolved (%s); using one process", cell.cell_id, exc)
         workers = 1
     records: list[RequestRecord] = []
+    cpu: host_load.HostShares | None = None
     started = utc_now()
     error: str | None = None
     interrupted: BaseException | None = None
@@ -250,11 +252,13 @@ def run_cell(
         )
         log.error("cell %s refused: %s", cell.cell_id, error)
     else:
+        cpu_before = host_load.snapshot()
         try:
             result, window, gauges, gauge_failures = asyncio.run(
                 _measure(deployment, prompts, plan, sampling, load, records, on_record, workers)
             )
             records = result.records
+            cpu = host_load.shares(cpu_before, host_load.snapshot())
         except Exception as exc:  # the cell is recorded as failed with everything measured so far
             error = f"{type(exc).__name__}: {exc}"
             log.exception("cell %s failed", cell.cell_id)
@@ -294,6 +298,10 @@ def run_cell(
         measured_window=measured,
         gauge_scrape_failures=gauge_failures,
     )
+    if cpu is not None:
+        summary.host = HostLoad(
+            cpus=cpu.cpus, busy_share=cpu.busy, ours_share=cpu.ours, other_share=cpu.other
+        )
     counts = summary.requests
     assert counts is not None  # summarize_cell always counts
     if error is None and counts.total and counts.ok == 0:

@@ -48,7 +48,11 @@ def test_specs_without_the_new_sections_keep_their_campaign_ids() -> None:
     bare = parse_spec(SPEC)
     spelled = parse_spec({**SPEC, "validity": {}, "decision": {"min_effect": 0.10}})
     assert campaign_id_for(bare) == campaign_id_for(spelled)
-    assert campaign_id_for(parse_spec({**SPEC, "validity": {"aa_control": True}})) != campaign_id_for(bare)
+    # the A/A arm is on by default: a spec that turns it off is another campaign
+    assert bare.variants[-1].aa_control and campaign_id_for(bare) == campaign_id_for(
+        parse_spec({**SPEC, "validity": {"aa_control": True}})
+    )
+    assert campaign_id_for(parse_spec({**SPEC, "validity": {"aa_control": False}})) != campaign_id_for(bare)
     # How many repeat blocks run at once and how many client processes drive a cell change no id.
     parallel = parse_spec({**SPEC, "parallel_deployments": 4, "load": {**SPEC["load"], "workers": 1}})
     assert campaign_id_for(parallel) == campaign_id_for(bare)
@@ -300,3 +304,30 @@ def test_a_campaign_without_an_aa_arm_is_inconclusive_never_valid(aa_db) -> None
     assert "the A/A gap is unknown" in results.validity["reasons"][0]
     assert is_valid(results.validity) is None  # does not block the rule, but the notes say it
     assert any("INCONCLUSIVE" in note for note in results.notes)
+
+
+def test_contended_cells_make_the_campaign_inconclusive_or_invalid(aa_db) -> None:
+    from analysis.data import load_campaign
+    from analysis.run import compute
+    from analysis.validity import verdict_of
+    from warehouse.db import reader
+
+    db, builder = aa_db
+    with reader(db) as con:
+        data = load_campaign(con, builder.campaign_id)
+    data.campaign["spec"] = {**data.spec, "validity": {"max_aa_gap": 0.05}}
+    assert verdict_of(compute(data).validity) == "valid"  # the planted campaign, quiet
+    cells = data.host_load["cell_id"].to_list()
+    assert cells, "every planted cell has a row"
+    one = data.host_load.with_columns(
+        pl.when(pl.col("cell_id") == cells[0]).then(0.45).otherwise(0.01).alias("host_other_share")
+    )
+    data.host_load = one
+    validity = compute(data).validity
+    assert verdict_of(validity) == "inconclusive"
+    assert f"during 1 of {len(cells)} cells (up to 45%: {cells[0]})" in validity["reasons"][0]
+    data.host_load = one.with_columns(pl.lit(0.30).alias("host_other_share"))
+    validity = compute(data).validity
+    assert (
+        verdict_of(validity) == "invalid" and "did not have the machine to itself" in validity["reasons"][0]
+    )

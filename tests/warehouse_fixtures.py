@@ -43,7 +43,9 @@ def make_spec(
     warmup: int = 2,
     strata: tuple[str, ...] = ("chat",),
     variants: list[dict[str, Any]] | None = None,
+    aa_control: bool = False,
 ) -> ExperimentSpec:
+    """A planted campaign's spec; without the A/A arm unless asked (the builders plant the variants listed)."""
     return parse_spec(
         {
             "name": name,
@@ -71,6 +73,7 @@ def make_spec(
             "repeats": repeats,
             "capture": {"corpus": "workloads/capture.jsonl", "plain_controls": 1},
             "slo": {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1},
+            "validity": {"aa_control": aa_control},
         },
         "synthetic",
     )

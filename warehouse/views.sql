@@ -32,6 +32,7 @@ SELECT
     c.gauge_kv_cache_usage_max, c.gauge_kv_cache_usage_mean, c.gauge_running_max, c.gauge_waiting_max,
     c.gauge_preemptions,
     c.check_tokens_per_chunk_ok, c.check_completion_tokens_ok, c.server_valid, c.server_problem,
+    c.host_cpus, c.host_busy_share, c.host_ours_share, c.host_other_share,
     coalesce(json_extract(c.variant_config, '$.aa_control')::BOOLEAN, false) AS aa_control,
     -- the deployment's effective engine configuration beyond speculation (tasks/metrics/engine_config.py)
     json_extract_string(d.extra, '$.effective_key') AS effective_key

@@ -59,6 +59,12 @@ def print_decision(result: dict[str, Any]) -> None:
     for note in decision.get("caveats") or []:
         console.print(f"- {note}", markup=False)
     console.print(decision["summary"], markup=False)
+    validity = result.get("validity") or {}
+    if validity.get("verdict"):
+        console.print(
+            f"validity of the verification campaign: {validity['verdict']} ({validity.get('reasons')})",
+            markup=False,
+        )
     console.print(f"report: {result['report']}", markup=False)
     promotion = result.get("promotion") or {}
     if promotion.get("promoted"):

@@ -36,3 +36,11 @@ CREATE TABLE analysis_acceptance (
 -- whole interval beyond it, or the repeat spread over its limit), inconclusive (straddles, or unknown).
 -- `valid` is now true only for "valid".
 ALTER TABLE analysis_validity ADD COLUMN verdict VARCHAR;
+
+-- Who else used the CPU while each cell measured (summary.json `host`, tasks/metrics/host_load.py): shares of
+-- the host's CPU capacity, busy = ours (the process tree that ran the cell, a local engine included) + other.
+-- NULL: a cell measured before this was recorded, or not on Linux.
+ALTER TABLE cells ADD COLUMN host_cpus INTEGER;
+ALTER TABLE cells ADD COLUMN host_busy_share DOUBLE;
+ALTER TABLE cells ADD COLUMN host_ours_share DOUBLE;
+ALTER TABLE cells ADD COLUMN host_other_share DOUBLE;
