@@ -718,6 +718,37 @@ def campaign_sections(
             "(vLLM's, bonus token included), y = its speedup against the paired plain cell. Least-squares fits "
             "(scipy linregress) with t intervals. Cells of one deployment are not independent replicates.</p>"
             + html_table(q2, fit_cols, empty="no speculative cells with acceptance figures")
+            + '<p class="note">Acceptance with its interval: from each request\'s own acceptance (vLLM\'s '
+            "per-request block), a bootstrap over prompts, so one greedy launch has one; beside it the cells' "
+            "counter figure, which the requests' sums must match.</p>"
+            + html_table(
+                results.acceptance,
+                [
+                    col("variant"),
+                    col("workload"),
+                    col("load_label", "load"),
+                    Column(
+                        "mean acc. len [CI]",
+                        lambda r: fmt_interval(
+                            r["mean_acceptance_length"],
+                            r["mean_acceptance_length_low"],
+                            r["mean_acceptance_length_high"],
+                            r["acceptance_interval"],
+                        ),
+                    ),
+                    Column(
+                        "acceptance rate [CI]",
+                        lambda r: fmt_interval(
+                            r["acceptance_rate"], r["acceptance_rate_low"], r["acceptance_rate_high"], None
+                        ),
+                    ),
+                    col("counters_mean_acceptance_length", "counters' mean acc. len"),
+                    col("prompts"),
+                    col("launches"),
+                    col("acceptance_interval", "interval"),
+                ],
+                empty="no speculative cells",
+            )
             + chart("acceptance_positions", "no per-position acceptance counters"),
         )
     )

@@ -137,6 +137,7 @@ def emulator_spec(name: str, workload_file: Path, **changes: Any) -> dict[str, A
         "load": {"concurrencies": [1], "requests": 4, "warmup": 1, "request_timeout_s": 10},
         "sampling": {"max_tokens": 8},
         "capture": {"enabled": False},
+        "validity": {"aa_control": False},  # plain only: no A/A arm
         "launcher": {"kind": "local", "ready_timeout_s": 30},
     }
     for key, value in changes.items():

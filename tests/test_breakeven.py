@@ -39,6 +39,7 @@ def spec(repeats: int):
             "load": {"concurrencies": [1, 4], "requests": 16, "warmup": 2},
             "repeats": repeats,
             "capture": {"corpus": "workloads/capture.jsonl", "plain_controls": 1},
+            "validity": {"aa_control": False},  # the synthetic runs only: no A/A arm
             "launcher": {"kind": "local", "patches": ["cpu-synthetic-acceptance"]},
         }
     )

@@ -223,7 +223,9 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
 
     data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     data.pop("profile")
-    data.pop("validity")  # the protocol without an A/A arm (tests/test_validity.py has that)
+    data["validity"] = {
+        "aa_control": False
+    }  # the protocol without an A/A arm (tests/test_validity.py has it)
     data.update(
         name="protocol",
         variants=data["variants"][:2],

@@ -232,6 +232,7 @@ load: {concurrencies: [1, 8], requests: 8, warmup: 1, request_timeout_s: 120}
 sampling: {temperature: 0.0, seed: 0}
 repeats: 1
 capture: {enabled: false}
+validity: {aa_control: false}  # engine starts of the twin are this test's cost; the demo has the A/A arm
 launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 

@@ -244,7 +244,7 @@ def test_rule_tensors_as_llama_eagle3_loads_them(tmp_path: Path) -> None:
 def spec_with(*variants: dict[str, Any], **changes: Any) -> Any:
     data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     data.pop("profile", None)
-    data.pop("validity", None)  # the variants below, without the demo's A/A arm
+    data["validity"] = {"aa_control": False}  # the variants below, without the demo's A/A arm
     data["variants"] = [{"name": "plain"}, *variants]
     data.update(changes)
     return parse_spec(data, "experiments/x.yaml")

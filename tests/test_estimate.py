@@ -96,7 +96,7 @@ def test_campaign_plan_shows_the_settings_of_a_sweep_and_its_capacity_searches()
     sweep = runner.invoke(app, ["campaign", "plan", str(REPO / "experiments" / "cluster-sweeps-8b.yaml")])
     assert sweep.exit_code == 0, sweep.output
     assert "settings: 4 sampling(s) x 3 layout(s), each with its own plain baseline" in sweep.output
-    assert "variants (48)" in sweep.output and "launches: 96 (96 measured" in sweep.output
+    assert "variants (49)" in sweep.output and "launches: 98 (98 measured" in sweep.output
     capacity = runner.invoke(app, ["campaign", "plan", str(REPO / "experiments" / "capacity.yaml")])
     assert capacity.exit_code == 0, capacity.output
     assert "capacity searches: 2 on code, up to 7 points of 230 requests each (p99 at 90% confidence" in (

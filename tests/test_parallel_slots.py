@@ -82,7 +82,7 @@ def slots_spec(tmp_path: Path, name: str, *, requests: int, repeats: int = 2) ->
         "load": {"concurrencies": [1], "requests": requests, "warmup": 1, "request_timeout_s": 30},
         "sampling": {"max_tokens": 8},
         "capture": {"enabled": False},
-        "validity": {"client_calibration": False},
+        "validity": {"client_calibration": False, "aa_control": False},
         "repeats": repeats,
         "parallel_deployments": 2,
         "launcher": {"kind": "slurm", "cluster": CLUSTER_BLOCK, "ready_timeout_s": 300},

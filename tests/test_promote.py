@@ -151,7 +151,12 @@ def test_eagle3_schedule_files_are_what_the_launchers_render(tmp_path: Path) -> 
     serve = exec_words(files["vllm-serve.sh"])
     assert serve[:3] == ["python", "-m", ENGINE_MODULE]
     expected = vllm_args(
-        target, variant, served_model_name=served_name(target, variant), host="0.0.0.0", port=8000
+        target,
+        variant,
+        served_model_name=served_name(target, variant),
+        host="0.0.0.0",
+        port=8000,
+        measure=False,
     )
     assert serve[3:] == expected == promote.serve_args(files)
     assert (
@@ -261,6 +266,7 @@ def test_a_local_spec_serves_the_local_launchers_paths_and_says_the_cluster_file
         host="0.0.0.0",
         port=8000,
         resolve=resolve_local,
+        measure=False,  # the deployed command leaves out the measurement flag
     )
     config = json.loads(files["speculative-config.json"])
     assert config["model"] == resolve_local("models/twin-eagle3") and Path(config["model"]).is_absolute()

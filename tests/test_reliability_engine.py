@@ -45,6 +45,7 @@ SPEC = {
     "load": {"concurrencies": [1], "requests": 4, "warmup": 1, "request_timeout_s": 60},
     "sampling": {"temperature": 0.0, "max_tokens": 16},
     "capture": {"enabled": False},
+    "validity": {"aa_control": False},  # plain only: no A/A arm
     "launcher": {"kind": "local", "kv_cache_gib": 1, "ready_timeout_s": 600},
 }
 

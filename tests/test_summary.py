@@ -311,6 +311,7 @@ def test_summary_has_the_design_structure_and_is_strict_json() -> None:
     generated = int(counter_delta(before, after, "vllm:generation_tokens_total", "tiny-draft-k3"))
     summary = summarize(spec=spec, generation_tokens_delta=generated, measured_window=(0.95, 2.6))
     assert set(summary) == {
+        "host",
         "status",
         "error",
         "requests",

@@ -73,6 +73,7 @@ def test_a_synthetic_variant_on_the_embedded_engine_needs_the_overlay() -> None:
         "variants": variants,
         "workloads": [{"file": "workloads/smoke.jsonl"}],
         "load": {"concurrencies": [1]},
+        "validity": {"aa_control": False},
     }
     with pytest.raises(SpecError, match=r"launcher.patches: \[cpu-synthetic-acceptance\]"):
         parse_spec(data)
