@@ -823,7 +823,10 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
     mal = {c["stratum"]: c for c in doc["comparisons"] if c["metric"] == "mean_acceptance_length"}
     for stratum in ("chat", "code"):
         assert mal[stratum]["n_repeats"] == 2 and mal[stratum]["new_mean"] < mal[stratum]["old_mean"]
-        assert mal[stratum]["ci_high"] < 1.0, mal[stratum]
+        # from the requests' own acceptance, paired by prompt: the smoke strata have 4 prompts, fewer than
+        # the 5 an interval needs, so none is drawn (and nothing is decided from a zero-width one)
+        assert mal[stratum]["estimate"] < 1.0 and mal[stratum]["ci_high"] is None, mal[stratum]
+        assert "prompts" in mal[stratum]["interval"], mal[stratum]
     assert doc["adopt_strata"] == [] and doc["summary"].startswith("keep the old head")
     with reader() as con:
         rows = con.execute(
