@@ -210,6 +210,8 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
                 )
     else:
         reasons.append("no client calibration stored for this campaign")
+    # the reasons for the verdict first (a report's one line, an alert's summary), the rest after
+    reasons.sort(key=lambda reason: not reason.startswith(f"{verdict}:"))
     row = {
         "aa_variant": aa_variant,
         "aa_estimate": aa.estimate if aa is not None else None,
