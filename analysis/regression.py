@@ -2,7 +2,7 @@
 
 For each speculative variant, workload and load, and each guarded figure (throughput speedup against
 plain, TPOT p50 speedup, acceptance rate, mean acceptance length), the ratio current / reference is
-estimated as the ratio of geometric means with Welch's t interval on the logs of the runs'
+estimated as the ratio of geometric means with Student's two-sample t interval (pooled variance) on the logs of the runs'
 independently launched repeats. A figure REGRESSED
 when the whole interval lies below 1 - tolerance: the evidence says it moved down by more than the
 tolerance, not merely that one number came out lower.

@@ -718,7 +718,7 @@ def campaign_sections(
             "(vLLM's, bonus token included), y = its speedup against the paired plain cell. Least-squares fits "
             "(scipy linregress) with t intervals. Cells of one deployment are not independent replicates.</p>"
             + html_table(q2, fit_cols, empty="no speculative cells with acceptance figures")
-            + '<p class="note">Acceptance with its interval: from each request\'s own acceptance (vLLM\'s '
+            + "<p class=\"note\">Acceptance with its interval: from each request's own acceptance (vLLM's "
             "per-request block), a bootstrap over prompts, so one greedy launch has one; beside it the cells' "
             "counter figure, which the requests' sums must match.</p>"
             + html_table(

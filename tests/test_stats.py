@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from analysis.stats import (
     NO_INTERVAL,
@@ -312,3 +313,18 @@ def test_paired_bootstrap_covers_a_planted_effect() -> None:
         widths.append(interval.high - interval.low)
     assert hits >= 85
     assert 0.03 < float(np.median(widths)) < 0.10  # about 4 standard errors of the mean factor (0.05 / 4)
+
+
+def test_the_regression_interval_is_students_two_sample_t_on_logs() -> None:
+    """One variance pooled over both samples (launches of one configuration): the textbook interval."""
+    from analysis.stats import ratio_of_means_interval
+
+    treatment, baseline = [1.10, 1.16, 1.04], [1.00, 0.96]
+    t, b = np.log(treatment), np.log(baseline)
+    pooled = (((t - t.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / 3
+    half = stats.t.ppf(0.975, 3) * math.sqrt(pooled * (1 / 3 + 1 / 2))
+    interval = ratio_of_means_interval(treatment, baseline)
+    assert interval.estimate == pytest.approx(math.exp(t.mean() - b.mean()))
+    assert interval.low == pytest.approx(math.exp(t.mean() - b.mean() - half))
+    assert interval.high == pytest.approx(math.exp(t.mean() - b.mean() + half))
+    assert interval.method.startswith("Student t on logs, pooled variance")
