@@ -172,13 +172,11 @@ def acceptance_intervals(data: CampaignData, settings: AnalysisSettings | None =
         )
     )
     requests = data.request_acceptance
+    # each key's requests, partitioned once (not one filter of every request per key)
+    by_key = requests.partition_by(keys, as_dict=True) if not requests.is_empty() else {}
     rows = []
     for key in counters.sort(keys).iter_rows(named=True):
-        group = (
-            requests.filter(*[pl.col(k) == key[k] for k in keys if key[k] is not None])
-            if not requests.is_empty()
-            else requests
-        )
+        group = by_key.get(tuple(key[k] for k in keys), pl.DataFrame())
         row = {k: key[k] for k in keys} | {
             "counters_mean_acceptance_length": key["counters_mean_acceptance_length"]
         }

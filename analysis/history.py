@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import numpy as np
 
 from analysis.stats import LaunchVariance
 
@@ -73,26 +72,24 @@ def _json(value: Any) -> dict[str, Any]:
     return value or {}
 
 
-def campaign_launch_spread(con: duckdb.DuckDBPyConnection, campaign_id: str) -> tuple[float, int] | None:
-    """(variance of log plain throughput across launches of a cell, averaged over cells; launches per cell
-    - 1) for one campaign, or None when no cell of plain was launched twice."""
+def launch_spreads(con: duckdb.DuckDBPyConnection, campaign_ids: list[str]) -> dict[str, tuple[float, int]]:
+    """Per campaign (one query for all): (variance of log plain throughput across launches of a cell, averaged
+    over its cells; launches per cell - 1). Campaigns where no plain cell was launched twice are absent."""
     rows = con.execute(
         """
-        SELECT workload, load_label, engine_key, sampling_key,
-               list(ln(output_throughput_tok_s)) AS logs
-        FROM v_cells
-        WHERE campaign_id = ? AND method = 'none' AND output_throughput_tok_s > 0
-          AND server_valid IS NOT FALSE
-        GROUP BY workload, load_label, engine_key, sampling_key
-        HAVING count(*) >= 2
+        WITH cell_groups AS (
+            SELECT campaign_id, var_samp(ln(output_throughput_tok_s)) AS v, count(*) AS launches
+            FROM v_cells
+            WHERE list_contains(?, campaign_id) AND method = 'none' AND output_throughput_tok_s > 0
+              AND server_valid IS NOT FALSE
+            GROUP BY campaign_id, workload, load_label, engine_key, sampling_key
+            HAVING count(*) >= 2
+        )
+        SELECT campaign_id, avg(v), min(launches) - 1 FROM cell_groups GROUP BY campaign_id
         """,
-        [campaign_id],
+        [campaign_ids],
     ).fetchall()
-    if not rows:
-        return None
-    variances = [float(np.var(np.asarray(logs), ddof=1)) for *_, logs in rows]
-    launches = min(len(logs) for *_, logs in rows)
-    return float(np.mean(variances)), launches - 1
+    return {cid: (float(v), int(df)) for cid, v, df in rows if v is not None and math.isfinite(v) and df >= 1}
 
 
 def launch_history(
@@ -107,18 +104,15 @@ def launch_history(
         "ORDER BY created_utc",
         [campaign["campaign_id"], campaign["created_utc"]],
     ).fetchall()
-    variances: list[float] = []
-    dfs: list[int] = []
-    dates: list[str] = []
-    for campaign_id, spec, host, created in candidates:
-        if launch_class({"spec": spec, "host": host}) != mine:
-            continue
-        spread = campaign_launch_spread(con, campaign_id)
-        if spread is None or spread[1] < 1 or not math.isfinite(spread[0]):
-            continue
-        variances.append(spread[0])
-        dfs.append(spread[1])
-        dates.append(created.date().isoformat())
+    alike = {
+        cid: created
+        for cid, spec, host, created in candidates
+        if launch_class({"spec": spec, "host": host}) == mine
+    }
+    spreads = launch_spreads(con, list(alike)) if alike else {}
+    variances = [spreads[cid][0] for cid in spreads]
+    dfs = [spreads[cid][1] for cid in spreads]
+    dates = [alike[cid].date().isoformat() for cid in spreads]
     df = sum(dfs)
     if df < min_df:
         return None

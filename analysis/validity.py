@@ -71,8 +71,6 @@ VALIDITY_SCHEMA = {
     "verdict": pl.String,
 }
 
-VERDICTS = ("valid", "invalid", "inconclusive")
-
 
 def validity_rules(data: CampaignData) -> ValiditySpec:
     return ValiditySpec.model_validate(data.spec.get("validity") or {})

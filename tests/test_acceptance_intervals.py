@@ -113,3 +113,30 @@ def test_the_engine_gives_each_request_its_acceptance_and_prompts_give_the_inter
     )
     assert has_interval(interval) and interval.low < interval.estimate < interval.high, interval
     assert interval.n == PROMPTS and np.isfinite(interval.high)
+
+
+def test_later_campaigns_pool_the_launch_spread_of_earlier_ones(tmp_path: Path) -> None:
+    """Two earlier campaigns of two plain launches a cell (same launcher, host and model) lend their launch
+    variance to a later one: its throughput interval says so, with the campaigns and dates; the first has none."""
+    from analysis.data import load_campaign
+    from analysis.history import launch_history
+    from analysis.speedup import speedup_table
+    from warehouse.db import reader
+    from warehouse.ingest import ingest_raw
+
+    db = tmp_path / "w.duckdb"
+    ids = []
+    for name in ("first", "second", "third"):
+        builder = RawBuilder(tmp_path / "raw", spec=make_spec(name, repeats=2, concurrencies=(1,)))
+        builder.write_all(captures=False)
+        ids.append(builder.campaign_id)
+        assert ingest_raw(builder.raw_dir, db).ok
+    with reader(db) as con:
+        first, third = load_campaign(con, ids[0]), load_campaign(con, ids[2])
+        assert first.history is None  # nothing before it
+        history = launch_history(con, third.campaign)
+    assert history is not None and third.history == history
+    assert history.campaigns == 2 and history.df == 2 and history.variance > 0
+    rows = speedup_table(third).filter(pl.col("metric") == "throughput")
+    assert rows.height and all("launch variance pooled from 2 campaigns (" in i for i in rows["interval"])
+    assert rows["ci_low"].is_not_null().all()
