@@ -396,6 +396,16 @@ ROWS: dict[str, str] = {
     "names with shell metacharacters": "input",
     "bad /metrics text": "input",
     "unreachable endpoint": "input",
+    # issue 34: hostile input and concurrent writers
+    "names from data that would become paths": "input",
+    "two writers of one campaign or one import": "fault",
+    "secrets in endpoint URLs, engine env and engine flags": "input",
+    "the warehouse attacked through its own commands": "input",
+    "specs made to hang (alias bomb, huge counts) or to mislead (bools, duplicate keys)": "input",
+    "inputs that raised a traceback": "input",
+    "silent wrongs (every launch failed, bad port, a foreign file as spec)": "input",
+    "litter after a kill; a hostile report-server client": "fault",
+    "fuzzed arguments and files to every command": "input",
 }
 
 # Existing tests that show a row's behaviour too (reused, not duplicated); their outcome comes from the run's
