@@ -26,7 +26,9 @@ EXIT_ERROR = 2  # the command could not do its job: bad input, a missing artifac
 def report_error(exc: SpecgaugeError) -> None:
     """The one way a command reports the project's errors: `error: ` and the message (it names the file,
     field or artifact concerned), unwrapped and without markup so that tools can parse it."""
-    sys.stderr.write(f"error: {exc}\n")
+    from specgauge.redact import redact_text
+
+    sys.stderr.write(f"error: {redact_text(str(exc))}\n")
     sys.stderr.flush()
 
 

@@ -110,14 +110,23 @@ def redact_data(data: Any) -> Any:
         return redact_text(data)
     if isinstance(data, Mapping):
         return {
-            key: (REDACTED if looks_secret(str(key)) and isinstance(value, str | SecretStr) and value
-                  else redact_data(value))
+            key: (
+                REDACTED
+                if looks_secret(str(key)) and isinstance(value, str | SecretStr) and value
+                else redact_data(value)
+            )
             for key, value in data.items()
         }
     if isinstance(data, list | tuple):
-        if data and all(isinstance(item, str) for item in data) and any(str(i).startswith("--") for i in data):
+        if (
+            data
+            and all(isinstance(item, str) for item in data)
+            and any(str(i).startswith("--") for i in data)
+        ):
             return type(data)(redact_args(data)[0]) if isinstance(data, tuple) else list(redact_args(data)[0])
-        return type(data)(redact_data(item) for item in data) if isinstance(data, tuple) else [
-            redact_data(item) for item in data
-        ]
+        return (
+            type(data)(redact_data(item) for item in data)
+            if isinstance(data, tuple)
+            else [redact_data(item) for item in data]
+        )
     return data
