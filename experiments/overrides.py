@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from experiments.spec import ExperimentSpec, expand_variants, load_spec, parse_spec, yaml_lines
+from experiments.loader import load_yaml, read_spec_text
+from experiments.spec import ExperimentSpec, expand_variants, load_spec, parse_spec
 from specgauge.errors import SpecError
 
 
@@ -59,10 +58,9 @@ def load_spec_with(path: Path | str, overrides: SpecOverrides) -> ExperimentSpec
     if not overrides:
         return load_spec(path)
     load_spec(path)  # the file as written must be valid first: its errors name its own lines
-    text = Path(path).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
     source = f"{path} (with the overrides {overrides.describe()})"
-    return parse_spec(apply_overrides(data, overrides, source), source, yaml_lines(text))
+    data, lines = load_yaml(read_spec_text(Path(path)), source)  # bounded, as load_spec reads it
+    return parse_spec(apply_overrides(data, overrides, source), source, lines)
 
 
 def apply_overrides(data: dict[str, Any], overrides: SpecOverrides, source: str) -> dict[str, Any]:
@@ -73,7 +71,8 @@ def apply_overrides(data: dict[str, Any], overrides: SpecOverrides, source: str)
     if overrides.strata is not None:
         out["workloads"] = _kept_strata(data, overrides.strata, source)
     if overrides.concurrencies is not None:
-        bad = [c for c in overrides.concurrencies if not isinstance(c, int) or c < 1]
+        # bool is an int to Python, not a concurrency; the spec's own bound refuses a huge one, naming it
+        bad = [c for c in overrides.concurrencies if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         if bad:
             raise SpecError(f"{source}: concurrencies: must be whole numbers >= 1, got {bad}")
         out["load"] = {**(data.get("load") or {}), "concurrencies": list(overrides.concurrencies)}

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import ids
-from experiments.spec import SAFE_NAME, DecisionSpec, ExperimentSpec, ValiditySpec, Variant
+from experiments.spec import DecisionSpec, ExperimentSpec, ValiditySpec, Variant
 from specgauge.errors import SpecError
+from specgauge.names import SAFE_NAME_MAX, safe_name_problem
 from workloads.schema import Corpus, load_corpus
 
 
@@ -177,11 +178,13 @@ def spec_digest(spec: ExperimentSpec) -> str:
 
 
 def campaign_id_for(spec: ExperimentSpec, label: str | None = None) -> str:
-    if label and not SAFE_NAME.fullmatch(label):
-        # The label becomes part of directory names, deployment ids and job names on clusters.
+    # The label becomes part of directory names, deployment ids and job names on clusters: the names rule.
+    # Shown whole: the user typed it (names.py shortens values that come from files).
+    if label and safe_name_problem(label, "label"):
         raise SpecError(
             f"label {label!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
-            "digit, and be at most 48 characters"
+            f"digit, and be at most {SAFE_NAME_MAX} characters (names become folder names and reach shell "
+            "commands)"
         )
     return ids.campaign_id(spec.name, spec_digest(spec), label)
 
@@ -196,6 +199,24 @@ def resolve_repo_path(path: str, base: Path | None = None) -> Path:
         if root is not None and (root / candidate).exists():
             return root / candidate
     return REPO_ROOT / candidate
+
+
+# A campaign's size, bounded before the plan is expanded: far above any real campaign (a cluster sweep of
+# 50 variants x 10 repeats x 5 strata x 10 loads is 25,000 cells), far below one that plans for minutes.
+MAX_LAUNCHES = 10_000
+MAX_CELLS = 200_000
+
+
+def check_campaign_size(spec: ExperimentSpec, cells_per_launch: int) -> None:
+    """SpecError when the campaign would launch or measure more than the bounds, before it is expanded."""
+    launches = spec.max_repeats * len(spec.variants)
+    cells = launches * cells_per_launch
+    if launches > MAX_LAUNCHES or cells > MAX_CELLS:
+        raise SpecError(
+            f"the campaign is too large to plan: {spec.max_repeats} repeats x {len(spec.variants)} "
+            f"variants = {launches:,} launches (at most {MAX_LAUNCHES:,}) of {cells_per_launch:,} cells "
+            f"each = {cells:,} cells (at most {MAX_CELLS:,}); split it into several specs"
+        )
 
 
 def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPlan:
@@ -216,6 +237,7 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
                 cell_templates.append((ref.file, stratum, "closed", c, None))
             for r in spec.load.rates:
                 cell_templates.append((ref.file, stratum, "open", None, r))
+    check_campaign_size(spec, len(cell_templates))
     if spec.capture.enabled:
         corpora[spec.capture.corpus] = load_corpus(resolve_repo_path(spec.capture.corpus))
 

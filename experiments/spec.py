@@ -11,23 +11,40 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     SecretStr,
+    StrictInt,
     Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from experiments.loader import load_yaml, read_spec_text, shown_key
 from specgauge.errors import SpecError
+from specgauge.names import check_safe_name
 
-# Names reach shell commands and job scripts on clusters: allow only what needs no quoting.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
+# Upper bounds on every count, size and rate: far above what a real cluster campaign sets, far below what
+# makes planning or a launch hang (`repeats: 100000000` planned for minutes; `.inf` rates never end).
+MAX_REPEATS = 100
+MAX_CONCURRENCY = 65_536
+MAX_REQUESTS = 1_000_000  # per cell, per capacity point, per profiled window
+MAX_K = 64  # num_speculative_tokens
+MAX_K_RANGES = 1024  # entries of a k_schedule
+MAX_LOOKUP = 1024  # n-gram prompt lookup sizes
+MAX_RATE = 1e6  # requests/s
+MAX_LOADS = 1024  # concurrencies or rates listed
+MAX_PARALLEL = 1024  # tensor/data parallel sizes, GPUs, CPUs, nodes, client workers, blocks in flight
+MAX_TOKENS = 10_000_000  # context length, max_tokens, top_k
+MAX_SECONDS = 7 * 24 * 3600.0  # timeouts, time caps, SLO limits
+MAX_GIB = 65_536.0
+MAX_VARIANTS = 1000  # variants once every depth list and sweep is expanded
+MAX_WORKLOADS = 256
+
 SpecMethod = Literal["none", "ngram", "draft_model", "eagle3", "suffix", "dspark", "dflash", "mtp"]
 # Which variant field names the drafter checkpoint of each method (vLLM's speculative-config `model`);
 # mtp's is optional: without one vLLM uses the target's own MTP layers.
@@ -41,16 +58,13 @@ DRAFTER_FIELD: dict[str, str] = {
 
 
 def _safe_name(value: str, what: str) -> str:
-    if not SAFE_NAME.fullmatch(value):
-        raise ValueError(
-            f"{what} {value!r} may only contain letters, digits, '.', '_' and '-', start with a letter or "
-            "digit, and be at most 48 characters (names reach shell commands on clusters)"
-        )
-    return value
+    # Names reach shell commands and folder names: one rule for every name (specgauge/names.py).
+    return check_safe_name(value, what)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or nan anywhere: `.inf` as a rate or a timeout is a hang, not a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TargetSpec(Strict):
@@ -58,11 +72,11 @@ class TargetSpec(Strict):
 
     model: str = Field(description="Local path (relative to the repo root) or a hub id / cluster path.")
     served_model_name: str | None = None
-    max_model_len: int = Field(default=2048, gt=0)
+    max_model_len: int = Field(strict=True, le=MAX_TOKENS, default=2048, gt=0)
     dtype: str = "auto"
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    data_parallel_size: int = Field(default=1, gt=0)
-    seed: int = 0
+    tensor_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
+    data_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
+    seed: int = Field(default=0, strict=True)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     per_request_acceptance: bool = Field(
@@ -79,11 +93,13 @@ class TargetSpec(Strict):
 
 
 class Sampling(Strict):
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int | None = Field(default=None, description="None or -1: off.")
-    seed: int | None = 0
-    max_tokens: int | None = Field(default=None, gt=0, description="Override every prompt's max_tokens.")
+    temperature: float = Field(strict=True, default=0.0, ge=0)
+    top_p: float = Field(strict=True, default=1.0, gt=0, le=1)
+    top_k: int | None = Field(strict=True, ge=-1, le=MAX_TOKENS, default=None, description="None or -1: off.")
+    seed: int | None = Field(default=0, strict=True)
+    max_tokens: int | None = Field(
+        strict=True, le=MAX_TOKENS, default=None, gt=0, description="Override every prompt's max_tokens."
+    )
     ignore_eos: bool = False
 
     @property
@@ -106,8 +122,8 @@ class Sampling(Strict):
 class Layout(Strict):
     """How the target is spread over GPUs (one entry of a campaign's `layouts`)."""
 
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    data_parallel_size: int = Field(default=1, gt=0)
+    tensor_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
+    data_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
 
     @property
     def tag(self) -> str:
@@ -124,22 +140,24 @@ class Variant(Strict):
 
     name: str
     method: SpecMethod = "none"
-    k: int | None = Field(default=None, description="num_speculative_tokens (depth).")
+    k: int | None = Field(strict=True, le=MAX_K, default=None, description="num_speculative_tokens (depth).")
     draft_model: str | None = Field(
         default=None, description="Drafter checkpoint of draft_model, dspark, dflash (and optionally mtp)."
     )
-    draft_tensor_parallel_size: int | None = Field(default=None, gt=0)
-    prompt_lookup_min: int | None = Field(default=None, gt=0)
-    prompt_lookup_max: int | None = Field(default=None, gt=0)
+    draft_tensor_parallel_size: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
+    prompt_lookup_min: int | None = Field(strict=True, le=MAX_LOOKUP, default=None, gt=0)
+    prompt_lookup_max: int | None = Field(strict=True, le=MAX_LOOKUP, default=None, gt=0)
     eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
     synthetic_acceptance_length: float | None = Field(
+        strict=True,
         default=None,
         description="Synthetic acceptance (vLLM's rejection_sample_method 'synthetic'): drafts are accepted at "
         "rates that give this mean acceptance length (1 to k+1) while the drafter and the verification run for "
         "real, so the cost side is measured at an acceptance you name. The embedded engine needs "
         "launcher.patches: [cpu-synthetic-acceptance].",
     )
-    k_schedule: tuple[tuple[int, int, int], ...] | None = Field(
+    k_schedule: tuple[tuple[StrictInt, StrictInt, StrictInt], ...] | None = Field(
+        max_length=MAX_K_RANGES,
         default=None,
         description="Depth by batch size (vLLM's num_speculative_tokens_per_batch_size): inclusive "
         "[batch_from, batch_to, k] ranges from batch size 1, k 0 = off; `k` is the most it drafts. "
@@ -285,8 +303,10 @@ def check_k_schedule(schedule: tuple[tuple[int, int, int], ...], k: int) -> None
         raise ValueError("k_schedule: give at least one [batch_from, batch_to, k] range")
     previous_end = 0
     for start, end, depth in schedule:
-        if start <= 0 or end < start:
-            raise ValueError(f"k_schedule: range [{start}, {end}] must be positive with from <= to")
+        if start <= 0 or end < start or end > MAX_CONCURRENCY:
+            raise ValueError(
+                f"k_schedule: range [{start}, {end}] must be positive with from <= to <= {MAX_CONCURRENCY}"
+            )
         if start <= previous_end:
             raise ValueError("k_schedule: ranges must be sorted and must not overlap")
         if not 0 <= depth <= k:
@@ -306,27 +326,37 @@ class WorkloadRef(Strict):
 class LoadSpec(Strict):
     """Which cells to run on every deployment: closed-loop concurrencies and/or open-loop rates."""
 
-    concurrencies: tuple[Annotated[int, Field(gt=0)], ...] = ()
-    rates: tuple[Annotated[float, Field(gt=0)], ...] = Field(default=(), description="Open loop, requests/s.")
+    concurrencies: tuple[Annotated[int, Field(strict=True, gt=0, le=MAX_CONCURRENCY)], ...] = Field(
+        default=(), max_length=MAX_LOADS
+    )
+    rates: tuple[Annotated[float, Field(strict=True, gt=0, le=MAX_RATE)], ...] = Field(
+        default=(), max_length=MAX_LOADS, description="Open loop, requests/s."
+    )
     arrival: Literal["poisson", "constant"] = "poisson"
     # The reference protocol: enough requests that every slot turns over several times at each load, and a
     # warm-up that fills every slot once. A spec's value holds at every load.
     requests: int | None = Field(
+        strict=True,
+        le=MAX_REQUESTS,
         default=None,
         gt=0,
         description="Measured requests per cell; default max(32, 4 x C) in closed loop, 32 in open loop.",
     )
     warmup: int | None = Field(
+        strict=True,
+        le=MAX_REQUESTS,
         default=None,
         ge=0,
         description="Warm-up requests per cell, excluded; default C in closed loop, 2 in open loop.",
     )
-    time_cap_s: float = Field(default=600.0, gt=0)
-    request_timeout_s: float = Field(default=300.0, gt=0)
+    time_cap_s: float = Field(strict=True, le=MAX_SECONDS, default=600.0, gt=0)
+    request_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=300.0, gt=0)
     # Each /metrics scrape stalls vLLM's API server briefly (benchmarks/gauge_observer_effect.py): sample
     # sparingly, so the gauges do not disturb the latencies they accompany.
-    gauge_interval_s: float = Field(default=2.0, gt=0, description="Seconds between gauge scrapes.")
-    workers: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+    gauge_interval_s: float = Field(
+        strict=True, le=3600, default=2.0, gt=0, description="Seconds between gauge scrapes."
+    )
+    workers: Annotated[int, Field(strict=True, gt=0, le=MAX_PARALLEL)] | Literal["auto"] = Field(
         default=1,
         description="Client processes that share each cell's streams (tasks/load/workers.py): closed loop "
         "splits C, open loop superposes seeded Poisson streams of rate/W; auto: from the cell's expected "
@@ -351,9 +381,13 @@ class CaptureSpec(Strict):
 
     enabled: bool = True
     corpus: str = "workloads/capture.jsonl"
-    max_tokens: int | None = Field(default=None, gt=0)
-    limit: int | None = Field(default=None, gt=0, description="Use the first N prompts only.")
+    max_tokens: int | None = Field(strict=True, le=MAX_TOKENS, default=None, gt=0)
+    limit: int | None = Field(
+        strict=True, le=MAX_REQUESTS, default=None, gt=0, description="Use the first N prompts only."
+    )
     plain_controls: int = Field(
+        strict=True,
+        le=MAX_REPEATS,
         default=1,
         ge=0,
         description="Extra, separately launched plain deployments (cross-deployment control).",
@@ -364,15 +398,15 @@ class ProfileSpec(Strict):
     """One short profiled window of a speculative variant (vLLM's torch profiler on the embedded engine)."""
 
     variant: str
-    concurrency: int = Field(default=2, gt=0)
-    requests: int = Field(default=8, gt=0)
-    warmup: int = Field(default=2, ge=0)
+    concurrency: int = Field(strict=True, le=MAX_CONCURRENCY, default=2, gt=0)
+    requests: int = Field(strict=True, le=MAX_REQUESTS, default=8, gt=0)
+    warmup: int = Field(strict=True, le=MAX_REQUESTS, default=2, ge=0)
     stratum: str | None = Field(default=None, description="Workload stratum to profile; default all prompts.")
 
 
 class SLO(Strict):
-    ttft_p99_s: float = Field(default=2.0, gt=0)
-    tpot_p99_s: float = Field(default=0.2, gt=0)
+    ttft_p99_s: float = Field(strict=True, le=MAX_SECONDS, default=2.0, gt=0)
+    tpot_p99_s: float = Field(strict=True, le=MAX_SECONDS, default=0.2, gt=0)
 
 
 class CapacitySpec(Strict):
@@ -386,27 +420,38 @@ class CapacitySpec(Strict):
     variants: tuple[str, ...] | None = Field(
         default=None, description="Variants searched; default every variant (synthetic ones excepted)."
     )
-    start_rps: float = Field(default=1.0, gt=0)
-    min_rps: float = Field(default=0.05, gt=0)
-    max_rps: float = Field(default=256.0, gt=0)
+    start_rps: float = Field(strict=True, le=MAX_RATE, default=1.0, gt=0)
+    min_rps: float = Field(strict=True, le=MAX_RATE, default=0.05, gt=0)
+    max_rps: float = Field(strict=True, le=MAX_RATE, default=256.0, gt=0)
     growth: float = Field(
-        default=2.0, gt=1, description="Ramp factor between points until the bracket closes."
+        strict=True,
+        le=1000,
+        default=2.0,
+        gt=1,
+        description="Ramp factor between points until the bracket closes.",
     )
     precision: float = Field(
+        strict=True,
         default=0.1,
         gt=0,
         description="Stop when the first failing rate is within 1+precision of the capacity.",
     )
-    max_points: int = Field(default=10, gt=0)
-    quantile: float = Field(default=0.99, gt=0, lt=1, description="The quantile the slo limits bound.")
-    confidence: float = Field(default=0.95, gt=0, lt=1, description="Of each point's verdict (one-sided).")
+    max_points: int = Field(strict=True, le=1000, default=10, gt=0)
+    quantile: float = Field(
+        strict=True, default=0.99, gt=0, lt=1, description="The quantile the slo limits bound."
+    )
+    confidence: float = Field(
+        strict=True, default=0.95, gt=0, lt=1, description="Of each point's verdict (one-sided)."
+    )
     requests: int | None = Field(
+        strict=True,
+        le=MAX_REQUESTS,
         default=None,
         gt=0,
         description="Measured requests per point; default the fewest that bound the quantile at the confidence "
         "(299 for p99 at 95%). Fewer leave every point undecided, which counts as not meeting the limits.",
     )
-    warmup: int = Field(default=2, ge=0)
+    warmup: int = Field(strict=True, le=MAX_REQUESTS, default=2, ge=0)
 
     @model_validator(mode="after")
     def rates_in_order(self) -> CapacitySpec:
@@ -428,15 +473,20 @@ class ValiditySpec(Strict):
         "it the gap is unknown and the campaign's validity can only be inconclusive.",
     )
     max_aa_gap: float = Field(
-        default=0.015, gt=0, description="Invalid when the A/A gap |control / plain - 1| is larger."
+        strict=True,
+        default=0.015,
+        gt=0,
+        description="Invalid when the A/A gap |control / plain - 1| is larger.",
     )
     max_repeat_spread: float = Field(
+        strict=True,
         default=0.10,
         gt=0,
         description="Invalid when plain's repeats differ by more: the median over plain cells of "
         "(max - min) / mean of their output throughput.",
     )
     max_other_cpu_share: float = Field(
+        strict=True,
         default=0.10,
         gt=0,
         le=1,
@@ -450,6 +500,8 @@ class ValiditySpec(Strict):
         "emulator on this machine at the campaign's highest concurrency (tasks/load/calibration.py).",
     )
     calibration_requests: int = Field(
+        strict=True,
+        le=MAX_REQUESTS,
         default=64,
         gt=0,
         description="Measured requests of the client calibration (at least the concurrency).",
@@ -466,11 +518,15 @@ class AdaptiveRepeats(Strict):
     speedup). The rule and its validation by simulation: docs/analysis.md, analysis/adaptive.py."""
 
     min: int = Field(
-        default=3, ge=3, description="Repeat blocks before the first look (>= 3: see docs/analysis.md)."
+        strict=True,
+        le=MAX_REPEATS,
+        default=3,
+        ge=3,
+        description="Repeat blocks before the first look (>= 3: see docs/analysis.md).",
     )
-    max: int = Field(default=8, ge=3, description="Repeat blocks at most.")
+    max: int = Field(strict=True, le=MAX_REPEATS, default=8, ge=3, description="Repeat blocks at most.")
     target_halfwidth: float = Field(
-        gt=0, le=1, description="log(high / estimate) that every decision interval must reach."
+        strict=True, gt=0, le=1, description="log(high / estimate) that every decision interval must reach."
     )
 
     @model_validator(mode="after")
@@ -496,17 +552,20 @@ class DecisionSpec(Strict):
     """The benefit rule (analysis/decision.py): when a variant is recommended for a workload and load."""
 
     min_effect: float = Field(
+        strict=True,
         default=0.10,
         ge=0,
         description="The gain's interval must lie above 1 + min_effect (10%: a gain worth its operating cost).",
     )
     guardrail: float = Field(
+        strict=True,
         default=0.05,
         ge=0,
         description="No other workload at that load may regress by more (its gain estimate below 1 - guardrail).",
     )
-    min_success_rate: float = Field(default=0.99, gt=0, le=1)
+    min_success_rate: float = Field(strict=True, default=0.99, gt=0, le=1)
     verify_repeats: int = Field(
+        strict=True,
         default=2,
         ge=2,
         le=20,
@@ -528,8 +587,8 @@ class LocalLaunchSpec(Strict):
         description="vLLM source overlays (patches/, `specgauge patches list`) the embedded engine runs with: "
         "built once from its own vLLM, loaded in place of the originals, recorded in the deployment.",
     )
-    kv_cache_gib: float = Field(default=1.0, gt=0)
-    ready_timeout_s: float = Field(default=600.0, gt=0)
+    kv_cache_gib: float = Field(strict=True, le=MAX_GIB, default=1.0, gt=0)
+    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=600.0, gt=0)
     # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
     # 2-core machine, starves the API server: whole responses then arrive in one burst (TTFT = E2E).
     # The uniprocess executor runs the worker inside the engine core: one process fewer importing torch
@@ -562,7 +621,7 @@ class EndpointLaunchSpec(Strict):
     base_url: str | None = None
     metrics_url: str | None = None
     api_key: SecretStr | None = None
-    ready_timeout_s: float = Field(default=120.0, gt=0)
+    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=120.0, gt=0)
 
     @model_validator(mode="after")
     def where(self) -> EndpointLaunchSpec:
@@ -593,7 +652,7 @@ class ClusterLaunchSpec(Strict):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine.")
     overlay: str | None = Field(default=None, description="Directory written by `specgauge patches overlay`.")
-    ready_timeout_s: float = Field(default=1800.0, gt=0)
+    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=1800.0, gt=0)
 
     @field_validator("partition", "account")
     @classmethod
@@ -612,8 +671,8 @@ class SlurmLaunchSpec(ClusterLaunchSpec):
     """One SLURM batch job per deployment (sbatch over SSH, or on the login node)."""
 
     kind: Literal["slurm"] = "slurm"
-    gpus_per_node: int | None = Field(default=None, gt=0)
-    cpus_per_task: int | None = Field(default=None, gt=0)
+    gpus_per_node: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
+    cpus_per_task: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
     memory: str | None = Field(default=None, description="SLURM --mem, e.g. 200G.")
     engine_command: str | None = Field(
         default=None, description="Engine command on the node, before its args."
@@ -621,7 +680,7 @@ class SlurmLaunchSpec(ClusterLaunchSpec):
     container_prefix: str | None = Field(
         default=None, description="Command prefix that enters the container ({mounts}, {environment})."
     )
-    port: int | None = Field(default=None, gt=0, lt=65536)
+    port: int | None = Field(strict=True, default=None, gt=0, lt=65536)
 
     @field_validator("memory")
     @classmethod
@@ -638,7 +697,7 @@ class SmlLaunchSpec(ClusterLaunchSpec):
     sml_flags: Literal["legacy", "current"] | None = Field(
         default=None, description="Flag generation of the cluster's sml (legacy: --firecrest-system ...)."
     )
-    nodes_per_replica: int | None = Field(default=None, gt=0)
+    nodes_per_replica: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
     served_org: str | None = Field(
         default=None, description="Middle segment of the served name user/org/name."
     )
@@ -658,12 +717,43 @@ LaunchSpec = Annotated[
 VARIANT_AXES = (("k", "k"), ("synthetic_acceptance_length", "L"))
 
 
+def expansion_problem(data: Any) -> str | None:
+    """Why the spec's variants would expand to too many (None when they would not), counted without
+    expanding them: each entry's depth lists multiplied out, times the sampling and layout sweeps."""
+    if not isinstance(data, dict):
+        return None
+    variants = data.get("variants")
+    if not isinstance(variants, list | tuple):
+        return None
+    count = 0
+    for item in variants:
+        copies = 1
+        for field_name, _ in VARIANT_AXES:
+            values = item.get(field_name) if isinstance(item, dict) else None
+            if isinstance(values, list | tuple):
+                copies *= max(len(values), 1)
+        count += copies
+    for axis in ("sampling", "layouts"):
+        raw = data.get(axis)
+        if isinstance(raw, list | tuple) and len(raw) > 1:
+            count *= len(raw)
+    if count > MAX_VARIANTS:
+        return (
+            f"variants: with their depth lists and the sampling and layout sweeps they expand to {count:,} "
+            f"variants; at most {MAX_VARIANTS}"
+        )
+    return None
+
+
 def expand_depths(variants: Any) -> tuple[Any, list[int]]:
     """A variant whose `k` (or `synthetic_acceptance_length`) is a list becomes one variant per value (every
     combination when both are), named `<name>-k<k>` (`-L<length>`): a sweep in one campaign. Returns the
     variants and, for each, the index of the spec entry it came from."""
     if not isinstance(variants, list | tuple):
         return variants, []
+    problem = expansion_problem({"variants": variants})
+    if problem:
+        raise ValueError(problem)
     out: list[Any] = []
     origin: list[int] = []
     for index, item in enumerate(variants):
@@ -698,7 +788,7 @@ class SweptSampling(Sampling):
 class _Sweeps(Strict):
     """The campaign-level axes, validated on their own so that their errors point at their own lines."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
     sampling: tuple[SweptSampling, ...] = ()
     layouts: tuple[Layout, ...] = ()
 
@@ -732,6 +822,9 @@ def expand_variants(data: Any) -> tuple[Any, list[int]]:
     index of the spec entry each came from."""
     if not isinstance(data, dict):
         return data, []
+    problem = expansion_problem(data)
+    if problem:
+        raise ValueError(problem)
     variants, origin = expand_depths(data.get("variants"))
     settings = sweep_settings(data)
     if len(settings) == 1 or not isinstance(variants, list):
@@ -809,7 +902,7 @@ class ExperimentSpec(Strict):
     description: str = ""
     target: TargetSpec
     variants: tuple[Variant, ...] = Field(min_length=1)
-    workloads: tuple[WorkloadRef, ...] = Field(min_length=1)
+    workloads: tuple[WorkloadRef, ...] = Field(min_length=1, max_length=MAX_WORKLOADS)
     load: LoadSpec
     sampling: Sampling = Field(
         default=Sampling(),
@@ -823,7 +916,8 @@ class ExperimentSpec(Strict):
     )
     # A mapping is the adaptive rule, anything else a count: one error names what was wrong (not one per form).
     repeats: Annotated[
-        Annotated[int, Tag(REPEATS_COUNT)] | Annotated[AdaptiveRepeats, Tag(REPEATS_ADAPTIVE)],
+        Annotated[int, Field(strict=True, le=MAX_REPEATS), Tag(REPEATS_COUNT)]
+        | Annotated[AdaptiveRepeats, Tag(REPEATS_ADAPTIVE)],
         Discriminator(lambda v: REPEATS_ADAPTIVE if isinstance(v, dict | AdaptiveRepeats) else REPEATS_COUNT),
     ] = Field(
         default=1,
@@ -831,6 +925,8 @@ class ExperimentSpec(Strict):
         "to stop launching once the decision's intervals are narrow enough.",
     )
     parallel_deployments: int = Field(
+        strict=True,
+        le=MAX_PARALLEL,
         default=1,
         gt=0,
         description="Repeat blocks in flight at once. A block (plain and every variant of one repeat, in its "
@@ -849,7 +945,9 @@ class ExperimentSpec(Strict):
     validity: ValiditySpec = ValiditySpec()
     decision: DecisionSpec = DecisionSpec()
     analysis: AnalysisSpec = AnalysisSpec()
-    seed: int = Field(default=0, description="Seeds the per-repeat variant order and open-loop arrivals.")
+    seed: int = Field(
+        strict=True, default=0, description="Seeds the per-repeat variant order and open-loop arrivals."
+    )
 
     @field_validator("name")
     @classmethod
@@ -859,6 +957,9 @@ class ExperimentSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def sweep_axes(cls, data: Any) -> Any:
+        problem = expansion_problem(data)  # before anything expands them
+        if problem:
+            raise ValueError(problem)
         if isinstance(data, dict) and data.get("layouts") and isinstance(data.get("target"), dict):
             target = data["target"]
             fixed = [f for f in ("tensor_parallel_size", "data_parallel_size") if target.get(f, 1) != 1]
@@ -1013,29 +1114,11 @@ def _knock_on(err: dict[str, Any], errors: list[dict[str, Any]]) -> bool:
     )
 
 
-def yaml_lines(text: str) -> dict[Location, int]:
+def yaml_lines(text: str, source: str = "<spec>") -> dict[Location, int]:
     """Where each field of a YAML document is written: location (as in pydantic's errors) -> 1-based line.
-    A mapping entry maps to its key's line, a list item to the line where the item starts."""
-    lines: dict[Location, int] = {}
-
-    def walk(node: yaml.Node, loc: Location) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    lines[(*loc, key.value)] = key.start_mark.line + 1
-                    walk(value, (*loc, key.value))
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                lines[(*loc, index)] = item.start_mark.line + 1
-                walk(item, (*loc, index))
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
-    return lines
+    A mapping entry maps to its key's line, a list item to the line where the item starts. The document's
+    size, nesting and aliases are bounded first (experiments/loader.py): SpecError naming the line."""
+    return load_yaml(text, source)[1]
 
 
 def _line_of(loc: Location, lines: dict[Location, int]) -> int | None:
@@ -1047,10 +1130,49 @@ def _line_of(loc: Location, lines: dict[Location, int]) -> int | None:
     return None
 
 
+MAX_PROBLEMS = 20  # a file with hundreds of problems is not a spec with typos: the first ones say enough
+
+
+def _not_a_spec(data: Any, source: str) -> str | None:
+    """Why `data` is not an experiment spec at all (None when it may be one): empty, not a mapping, or a
+    mapping none of whose keys is a spec field (another program's file). Never shows its contents."""
+    if data is None:
+        return f"{source} is empty: not an experiment spec"
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        return f"{source} is not an experiment spec: expected a mapping at the top level, got {kind}"
+    if data and not any(isinstance(key, str) and key in ExperimentSpec.model_fields for key in data):
+        required = [n for n, f in ExperimentSpec.model_fields.items() if f.is_required()]
+        return (
+            f"{source} is not an experiment spec: none of its {len(data)} top-level keys is a spec field "
+            f"(a spec has {', '.join(required)})"
+        )
+    return None
+
+
+def _message(err: dict[str, Any]) -> str:
+    """The problem in words, without the input's value (it may be any text of the file)."""
+    if err["type"] == "extra_forbidden":
+        return "unknown field (check its spelling)"
+    if err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), bool):
+        # YAML's true/false would pass for 1/0 in a count: a typo, never a number someone meant.
+        return f"must be a {'whole ' if err['type'] == 'int_type' else ''}number, not true/false"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _shown_loc(err: dict[str, Any]) -> Location:
+    """The location with an unknown key replaced when it is not name-shaped (another file's line as a key)."""
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden" and loc:
+        return (*loc[:-1], shown_key(loc[-1]))
+    return loc
+
+
 def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | None = None) -> ExperimentSpec:
     """Validate a spec's data; `lines` (from yaml_lines) adds the line to each problem reported."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    foreign = _not_a_spec(data, source)
+    if foreign:
+        raise SpecError(foreign)
     try:
         sweeps: dict[str, Any] = {"layouts": data.get("layouts") or ()}
         if isinstance(data.get("sampling"), list | tuple):
@@ -1070,27 +1192,21 @@ def parse_spec(data: Any, source: str = "<spec>", lines: dict[Location, int] | N
             loc = err["loc"]
             if len(loc) > 1 and loc[0] == "variants" and isinstance(loc[1], int) and loc[1] < len(origin):
                 err["loc"] = ("variants", origin[loc[1]], *loc[2:])  # the entry as written (a depth list)
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field (check its spelling)"
             line = _line_of(err["loc"], lines or {})
             where = f"{source}:{line}" if line is not None else source
-            problems.append(f"{where}: {_field_path(err['loc'])}: {msg}")
-        raise SpecError("\n".join(dict.fromkeys(problems))) from None  # a copy of a bad entry: once
+            problems.append(f"{where}: {_field_path(_shown_loc(err))}: {_message(err)}")
+        problems = list(dict.fromkeys(problems))  # a copy of a bad entry: once
+        if len(problems) > MAX_PROBLEMS:
+            problems = [
+                *problems[:MAX_PROBLEMS],
+                f"{source}: ... and {len(problems) - MAX_PROBLEMS} more problems",
+            ]
+        raise SpecError("\n".join(problems)) from None
 
 
 def load_spec(path: Path | str) -> ExperimentSpec:
+    """The spec at `path`, read with bounds (size, nesting, aliases) and validated; SpecError naming the file,
+    line and field of each problem, never echoing the file's contents."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_spec(data, str(path), yaml_lines(text))
+    data, lines = load_yaml(read_spec_text(path), str(path))
+    return parse_spec(data, str(path), lines)

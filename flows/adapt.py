@@ -588,6 +588,10 @@ def confirm_adaptation(
         label: A run label: a new confirmation instead of resuming.
         ingest: Load the raw artifacts into the warehouse afterwards.
     """
+    # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
+    from experiments.loader import flow_spec_path
+
+    flow_spec_path(spec_path)
     inputs = Inputs(
         spec_path,
         new_head,

@@ -152,6 +152,10 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     launch, record the verdict per load, and (with sign-off) promote the config after a person's approval."""
     request = request or DecisionRequest()
     spec = spec_file_of({"spec": request.spec, "spec_path": request.spec_path})
+    # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
+    from experiments.loader import flow_spec_path
+
+    flow_spec_path(spec)
     sweep_id = request.sweep_campaign_id or campaign(spec_path=spec, label=request.label)["campaign_id"]
     plan = recommend_task(sweep_id, request.workload)
     campaign_id = sweep_id

@@ -42,8 +42,11 @@ def profile(
 ) -> dict[str, Any]:
     """Profile one window of `variant` from `spec` (a YAML path, or the spec a campaign flow planned and
     recorded as `campaign_id` already) at the given concurrency."""
+    # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
+    from experiments.loader import flow_spec_path
+
     result = profile_variant(
-        spec if isinstance(spec, ExperimentSpec) else resolve_repo_path(spec),
+        spec if isinstance(spec, ExperimentSpec) else resolve_repo_path(flow_spec_path(spec)),
         variant,
         plan=WindowPlan(concurrency=concurrency, requests=requests, warmup=warmup),
         stratum=stratum,

@@ -164,7 +164,10 @@ def regression(
             it counts as a regression, as a fraction (0.10: 10%), beyond its interval.
         reference: The campaign to compare with. Empty: the spec's stored reference (the first run).
     """
-    experiment = load_spec(resolve_repo_path(spec))
+    # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
+    from experiments.loader import flow_spec_path
+
+    experiment = load_spec(resolve_repo_path(flow_spec_path(spec)))
     stamp = label or utc_stamp()
     result = campaign(spec_path=spec, label=stamp, gate=False)
     check = regression_check(

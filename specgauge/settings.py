@@ -32,6 +32,13 @@ class Settings(BaseSettings):
         description="Where the report server (`specgauge reports serve`) serves HOME/reports, e.g. "
         "http://127.0.0.1:4280: the flows' report links point there. Unset: file:// links.",
     )
+    # Issue 34: a flow run from a deployment (the Prefect UI) reads a spec only from these folders, so a UI
+    # user cannot make the worker read its other files (experiments/loader.py, check_spec_path).
+    spec_dirs: str | None = Field(
+        default=None,
+        description="Folders (separated by ':') besides the repo's experiments/ and HOME/specs from which a "
+        "flow run started from a deployment may read experiment specs.",
+    )
 
     @property
     def raw_dir(self) -> Path:
