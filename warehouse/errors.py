@@ -19,6 +19,25 @@ class WarehouseBusy(WarehouseError):
     """Another process writes the warehouse and did not finish in time. Transient: a retry may help."""
 
 
+class WarehouseDamaged(WarehouseError):
+    """The warehouse file is not a valid DuckDB database, or its schema is broken. The raw artifacts are the
+    source of truth: `specgauge warehouse rebuild` sets the file aside (kept, renamed) and builds a new one.
+    `reason`: what is wrong, in a few words."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        self.reason = reason or message
+        super().__init__(message)
+
+
+class WarehouseFull(WarehouseError):
+    """The disk filled up during a warehouse write: the write was rolled back (or, where it had already
+    reached the file, the readers' snapshot could not follow it). Free space and run the command again."""
+
+
+class NotAWarehouse(WarehouseError):
+    """A path given as the warehouse names a file that is not a DuckDB database specgauge may write."""
+
+
 class MigrationError(WarehouseError):
     """A migration file is malformed, failed to apply, or was edited after it was applied."""
 

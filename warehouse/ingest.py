@@ -167,7 +167,8 @@ def rebuild(
     lock_timeout_s: float | None = None,
     on_wait: WaitCallback | None = None,
 ) -> IngestReport:
-    """Recreate the warehouse from raw artifacts: built in a temporary file, then swapped in atomically."""
+    """Recreate the warehouse from raw artifacts: built in a temporary file, then swapped in atomically. A
+    damaged warehouse file is set aside, kept (warehouse.db.replacing)."""
     raw_root = Path(raw_dir) if raw_dir is not None else get_settings().raw_dir
     target = Path(db_path) if db_path is not None else default_path()
     if not raw_root.is_dir():

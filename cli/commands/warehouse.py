@@ -7,6 +7,8 @@ exits 1. Never a traceback.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -103,6 +105,8 @@ def rebuild(
 
     Builds a new database in a temporary file beside the old one, then swaps it in atomically; queries
     give the same results as before. Holds the writer lock throughout; readers keep working meanwhile.
+    Repairs a damaged warehouse (not a DuckDB file, or unreadable): the damaged file is kept beside the
+    new one as <name>.damaged-<UTC time>.
     """
     from warehouse.ingest import rebuild as rebuild_db
 
@@ -226,27 +230,34 @@ def sql(
     Reads the snapshot the last writer left, so a query never blocks a running ingest and sees the
     warehouse as of the last finished write (it waits only if no write has ever finished). The query
     reaches no other file (no read_csv of a system file, no COPY ... TO) unless --allow-path lets it;
-    --output files are written for it.
+    --output files are written for it: whole (to a temporary name beside, then renamed), and never onto
+    the warehouse's own files, its Parquet parts or the raw artifacts.
     """
     import duckdb
 
     from specgauge.errors import InputError
-    from warehouse.db import reader, reads_only, restrict_file_access
+    from warehouse.db import default_path, reader, reads_only, refuse_warehouse_place, restrict_file_access
+    from warehouse.parts import root_of
 
     if output_format is OutputFormat.parquet and output is None:
         raise InputError("--format parquet writes a file: give --output FILE")
-    allowed = [*(allow_path or []), *([output] if output_format is OutputFormat.parquet else [])]
-    with reader(db, on_wait=say_waiting) as con:
-        restrict_file_access(con, allowed, reads_only=reads_only(query))
+    db_path = db or default_path()
+    if output is not None:
+        _check_output(output, db_path)
+    with reader(db_path, on_wait=say_waiting) as con:
+        if output is not None:
+            refuse_warehouse_place(output, db_path, root_of(con), what="--output")
+        # parquet is written by DuckDB, to a temporary name beside the output (then renamed)
+        staged = _staging(output) if output is not None and output_format is OutputFormat.parquet else None
+        allowed = [*(allow_path or []), *([staged] if staged is not None else [])]
+        restrict_file_access(con, allowed, reads_only=reads_only(query), db_path=db_path)
         try:
             relation = con.sql(query)
             if relation is None:
                 err_console.print("(statement ran; it returns no rows)")
                 return
-            if output_format is OutputFormat.parquet:
-                relation.write_parquet(str(output))
-                written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(output)]).fetchone()[0]
-                err_console.print(f"wrote {written:,} rows to {output}", highlight=False)
+            if output is not None and staged is not None:
+                _write_parquet(con, relation, output, staged)
                 return
             if output_format is OutputFormat.csv:
                 relation = _nested_as_json(con, relation)
@@ -263,6 +274,60 @@ def sql(
         _emit(frame.write_csv(), output)
     else:
         _emit(frame.write_json() + "\n", output)
+
+
+def _check_output(output: Path, db_path: Path) -> None:
+    """--output before the query runs: its folder exists, and it is none of the warehouse's own files."""
+    from specgauge.errors import InputError
+    from warehouse.db import refuse_warehouse_place
+
+    folder = output.expanduser().absolute().parent
+    if not folder.is_dir():
+        raise InputError(f"--output {output}: the folder {folder} does not exist")
+    refuse_warehouse_place(output, db_path, what="--output")
+
+
+def _in_place(output: Path) -> bool:
+    """An existing output that is a symlink or not a regular file (/dev/stdout, /dev/null, a FIFO) is
+    written where it is: a rename would replace the link, device or pipe with a file. (A link into the
+    warehouse's files was refused before: refuse_warehouse_place resolves links.)"""
+    try:
+        mode = output.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    return not stat.S_ISREG(mode)
+
+
+def _staging(output: Path) -> Path:
+    output = output.expanduser()
+    if _in_place(output):
+        return output
+    return output.with_name(f".{output.name}.tmp{os.getpid()}")
+
+
+def _output_error(output: Path, exc: BaseException) -> Exception:
+    from specgauge.errors import InputError
+
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip().splitlines()[0]
+    return InputError(f"--output {output}: could not write it: {reason}")
+
+
+def _write_parquet(con, relation, output: Path, staged: Path) -> None:
+    import duckdb
+
+    try:
+        relation.write_parquet(str(staged))
+        written = None
+        if staged != output.expanduser():
+            written = con.execute("SELECT count(*) FROM read_parquet(?)", [str(staged)]).fetchone()[0]
+            os.replace(staged, output.expanduser())
+    except (OSError, duckdb.IOException) as exc:
+        raise _output_error(output, exc) from None
+    finally:
+        if staged != output.expanduser():
+            staged.unlink(missing_ok=True)
+    rows = "" if written is None else f"{written:,} rows "
+    err_console.print(f"wrote {rows}to {output}", highlight=False)
 
 
 def _nested_as_json(con, relation):
@@ -282,9 +347,21 @@ def _emit(text: str, output: Path | None) -> None:
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
-        output.write_text(text)
-        err_console.print(f"wrote {output}", highlight=False)
+        return
+    # A temporary name beside the output, then a rename: a failed write leaves no half file, and a
+    # symlink or hard link at the output's name is replaced, not written through.
+    staged = _staging(output)
+    try:
+        with open(staged, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        if staged != output.expanduser():
+            os.replace(staged, output.expanduser())
+    except OSError as exc:
+        raise _output_error(output, exc) from None
+    finally:
+        if staged != output.expanduser():
+            staged.unlink(missing_ok=True)
+    err_console.print(f"wrote {output}", highlight=False)
 
 
 def _print_table(frame, types: list[str], max_rows: int) -> None:
