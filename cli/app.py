@@ -2,12 +2,17 @@
 
 One error boundary for every command: the project's errors (specgauge.errors.SpecgaugeError and its
 subclasses, the warehouse's included) become one line `error: <message>` on stderr and exit code
-EXIT_ERROR, never a traceback. Commands do not catch them themselves; they only choose exit 1 for a
-negative answer (a gate that failed, artifacts quarantined, problems found in a file)."""
+EXIT_ERROR, never a traceback. So does everything else a command can raise (boundary_message): an OSError
+names its file, a ValueError is bad input, RecursionError and MemoryError say the input was too deep or too
+large, Ctrl-C is `error: interrupted` and exit 130, and anything else is `error: internal error: TYPE: ...`
+(SPECGAUGE_DEBUG=1 prints the traceback too). Commands do not catch them themselves; they only choose exit 1
+for a negative answer (a gate that failed, artifacts quarantined, problems found in a file)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +26,9 @@ from specgauge.prefect_env import configure as _configure_prefect
 _configure_prefect()  # before anything imports prefect: the repo's profiles, PREFECT_HOME under var/
 
 EXIT_ERROR = 2  # the command could not do its job: bad input, a missing artifact, a failed launch, ...
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
+DEBUG_ENV = "SPECGAUGE_DEBUG"  # 1: print the traceback under the error line
+MESSAGE_CHARS = 600  # an error line never echoes a whole input (a message may quote the value it refused)
 
 
 def report_error(exc: SpecgaugeError) -> None:
@@ -32,6 +40,50 @@ def report_error(exc: SpecgaugeError) -> None:
     sys.stderr.flush()
 
 
+def _one_line(text: str) -> str:
+    """A message from outside the project on one line, bounded (it may quote a long input)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= MESSAGE_CHARS else flat[:MESSAGE_CHARS] + " ..."
+
+
+def boundary_message(exc: BaseException) -> str:
+    """The one line (after `error: `) for an exception that is not one of the project's own."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, RecursionError):  # before ValueError/RuntimeError: json/yaml nesting thousands deep
+        return "input nested too deeply to read (a file or value thousands of levels deep)"
+    if isinstance(exc, MemoryError):
+        return "out of memory: an input is too large to read"
+    if isinstance(exc, OSError):  # names the file: "PATH: No such file or directory"
+        where = ": ".join(repr(str(f)) for f in (exc.filename, exc.filename2) if f is not None)
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return _one_line(f"{where}: {why}" if where else why)
+    if isinstance(exc, ValueError):  # int("x"), json, unicode, an embedded NUL: the input was bad
+        return _one_line(f"invalid input: {exc}")
+    return _one_line(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)")
+
+
+def report_unexpected(exc: BaseException) -> int:
+    """Report an exception that escaped a command as one line (traceback too with SPECGAUGE_DEBUG=1);
+    return the exit code."""
+    from specgauge.redact import redact_text
+
+    if isinstance(exc, BrokenPipeError):  # `specgauge ... | head`: the reader left, nothing to say
+        try:
+            with open(os.devnull, "w") as devnull:
+                os.dup2(
+                    devnull.fileno(), sys.stdout.fileno()
+                )  # no second error when stdout is flushed at exit
+        except (OSError, ValueError):  # stdout is not a file (in-process runners)
+            pass
+        return 1
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(f"error: {redact_text(boundary_message(exc))}\n")
+    sys.stderr.flush()
+    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
+
+
 class ErrorBoundary(TyperGroup):
     """The root command group: every subcommand runs inside its invoke, so one except clause covers all."""
 
@@ -41,6 +93,10 @@ class ErrorBoundary(TyperGroup):
         except SpecgaugeError as exc:
             report_error(exc)
             raise typer.Exit(code=EXIT_ERROR) from None
+        except (typer.exceptions.TyperException, typer.Exit, typer.Abort):  # typer's own (vendored) click
+            raise  # usage errors print usage and exit 2; typer.Exit carries the command's own code
+        except (Exception, KeyboardInterrupt) as exc:
+            raise typer.Exit(code=report_unexpected(exc)) from None
 
 
 app = typer.Typer(

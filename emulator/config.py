@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -30,7 +31,9 @@ FAULTS: dict[str, str] = {
 @dataclass
 class EmulatorConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
-    port: int = field(default=8000, metadata={"help": "Port to listen on (0: a free one, printed at start)."})
+    port: int = field(
+        default=8000, metadata={"help": "Port to listen on, 0..65535 (0: any free port, printed at start)."}
+    )
     model: str = field(default="emulated", metadata={"help": "Served model name (/v1/models, labels)."})
     ttft_ms: float = field(default=50.0, metadata={"help": "Time to first token after admission, ms."})
     step_ms: float = field(default=10.0, metadata={"help": "Time of one decode step (one chunk), ms."})
@@ -115,10 +118,22 @@ class EmulatorConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.ttft_ms < 0 or self.step_ms < 0 or self.spin_ms < 0:
-            problems.append("ttft_ms, step_ms and spin_ms must be >= 0")
-        if self.k < 0:
-            problems.append("k must be >= 0")
+        if not 0 <= self.port <= 65535:  # the OS would otherwise pick a random port for 99999
+            problems.append(f"port must be in 0..65535 (0: any free port), got {self.port}")
+        floats = {n: getattr(self, n) for n in ("ttft_ms", "step_ms", "spin_ms", "fail_fraction", "stall_s")}
+        if not all(math.isfinite(v) for v in floats.values()):
+            problems.append(
+                f"{', '.join(n for n, v in floats.items() if not math.isfinite(v))} must be finite"
+            )
+        if self.ttft_ms < 0 or self.step_ms < 0 or self.spin_ms < 0 or self.stall_s < 0:
+            problems.append("ttft_ms, step_ms, spin_ms and stall_s must be >= 0")
+        if not 0 <= self.k <= 64:
+            problems.append("k must be in 0..64")
+        negative = [n for n in ("max_running", "reasoning_tokens", "fail_first") if getattr(self, n) < 0]
+        if negative:
+            problems.append(f"{', '.join(negative)} must be >= 0")
+        if not 100 <= self.fail_status <= 599:
+            problems.append(f"fail_status must be an HTTP status (100..599), got {self.fail_status}")
         if not self.acceptance or any(not 0.0 <= p <= 1.0 for p in self.acceptance):
             problems.append("acceptance needs one or more probabilities in [0, 1]")
         if self.default_max_tokens <= 0 or self.engines <= 0 or self.kv_tokens <= 0:

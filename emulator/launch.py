@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m emulator") -> Non
     loop = new_event_loop(loop_kind)
     try:
         loop.run_until_complete(serve(config))
+    except OSError as exc:  # the port is taken, the address is not this host's: one line, exit 2
+        print(
+            f"{prog}: error: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     finally:
         loop.close()
 

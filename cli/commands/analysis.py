@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         host: Annotated[
             str, typer.Option(help="Address to bind. Another machine's browser needs 0.0.0.0 or this host's.")
         ] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="Port.")] = 4280,
+        port: Annotated[int, typer.Option(help="Port (0: any free port).", min=0, max=65535)] = 4280,
         reports_dir: ReportsOption = None,
     ) -> None:
         """Serve the reports folder (read-only, nothing outside it) so that the Prefect UI's report links
@@ -159,7 +159,8 @@ def register(app: typer.Typer) -> None:
         db: DbOption = None,
         workload: Annotated[str | None, typer.Option(help="Only this workload (stratum).")] = None,
         max_batch: Annotated[
-            int, typer.Option(help="The deployment's max_num_seqs: the last range runs to it.", min=1)
+            int,
+            typer.Option(help="The deployment's max_num_seqs: the last range runs to it.", min=1, max=65536),
         ] = 256,
         as_json: Annotated[bool, typer.Option("--json", help="Print the recommendations as JSON.")] = False,
     ) -> None:

@@ -49,16 +49,23 @@ def confirm(
     concurrencies: Annotated[
         str | None, typer.Option("--concurrencies", help="Comma-separated closed-loop concurrencies.")
     ] = None,
-    requests: Annotated[int | None, typer.Option("--requests", help="Measured requests per cell.")] = None,
-    repeats: Annotated[int, typer.Option("--repeats", help="Passes over every (head, stratum) block.")] = 3,
-    min_effect: Annotated[float, typer.Option("--min-effect", help="Minimum gain on a stratum.")] = 0.10,
+    requests: Annotated[
+        int | None, typer.Option("--requests", help="Measured requests per cell.", min=1, max=1_000_000)
+    ] = None,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Passes over every (head, stratum) block.", min=1, max=1000)
+    ] = 3,
+    min_effect: Annotated[
+        float, typer.Option("--min-effect", help="Minimum gain on a stratum.", min=0.0, max=100.0)
+    ] = 0.10,
     max_harm: Annotated[
-        float, typer.Option("--max-harm", help="Largest loss another stratum may take.")
+        float,
+        typer.Option("--max-harm", help="Largest loss another stratum may take.", min=0.0, max=1.0),
     ] = 0.05,
     gain_metric: Annotated[
         str, typer.Option("--gain-metric", help="throughput, mean_acceptance_length or tpot_p50.")
     ] = "throughput",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the block order.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the block order.", min=0, max=2**32 - 1)] = 0,
     plain_from: Annotated[
         str | None, typer.Option("--plain-from", help="Campaign whose plain captures the gate reuses.")
     ] = None,
@@ -70,6 +77,12 @@ def confirm(
     from analysis.adaptation import Rule
     from cli.commands.campaign import _listed
     from flows.adapt import Inputs
+    from specgauge.errors import InputError
+
+    try:  # the rule checks its own parameters (ValueError): name the options
+        rule = Rule(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric)
+    except ValueError as exc:
+        raise InputError(f"--gain-metric/--min-effect/--max-harm: {exc}") from None
 
     # bad input is refused here, before Prefect starts (one line, exit 2, from the CLI's error boundary)
     parsed_strata = _listed(strata, "--strata")
@@ -85,7 +98,7 @@ def confirm(
         requests=requests,
         repeats=repeats,
         seed=seed,
-        rule=Rule(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric),
+        rule=rule,
         plain_from=plain_from,
         gate=gate,
         label=label,

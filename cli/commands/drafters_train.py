@@ -43,14 +43,24 @@ def train(
     aux_layers: Annotated[
         str | None, typer.Option("--aux-layers", help="A new head's aux layer ids, e.g. 1,3,5.")
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 200,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 3e-4,
-    batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 32_768,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out check every N steps.")] = 25,
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.", min=1, max=10_000_000)] = 200,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", min=0.0, max=1.0)] = 3e-4,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", help="Padded tokens per batch.", min=1, max=1 << 24)
+    ] = 32_768,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", help="Held-out check every N steps.", min=1)
+    ] = 25,
     held_out_share: Annotated[
-        float, typer.Option("--held-out-share", help="Share of examples held out for the check.")
+        float,
+        typer.Option(
+            "--held-out-share",
+            help="Share of examples held out for the check.",
+            min=0.0,
+            max=1.0,
+        ),
     ] = 0.1,
-    seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed.", min=0, max=2**32 - 1)] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu, or cuda where there is a GPU.")] = "cpu",
     cluster: Annotated[
         str | None,

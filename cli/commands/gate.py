@@ -201,10 +201,16 @@ def gate_command(
         ),
     ] = False,
     alpha: Annotated[
-        float, typer.Option(help="Family-wise significance level, split over the checks (Bonferroni).")
+        float,
+        typer.Option(
+            help="Family-wise significance level, split over the checks (Bonferroni).",
+            min=0.0,
+            max=1.0,
+        ),
     ] = 0.05,
     min_prompts: Annotated[
-        int, typer.Option(help="Refuse captures with fewer prompts than this (the checks lack power).")
+        int,
+        typer.Option(help="Refuse captures with fewer prompts than this (the checks lack power).", min=1),
     ] = 32,
     force: Annotated[bool, typer.Option("--force", help="Judge even with fewer than --min-prompts.")] = False,
 ) -> None:

@@ -25,14 +25,9 @@ METRICS_DELTA_HELP = "\n\n".join(
 
 
 def _read(path: Path) -> str:
-    from specgauge.errors import MetricsError
+    from tasks.metrics.files import read_snapshot
 
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MetricsError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise MetricsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return read_snapshot(path)  # bounded: /dev/zero or a huge file is refused, never read whole
 
 
 def metrics_delta(

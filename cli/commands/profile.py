@@ -113,7 +113,9 @@ def analyze(
     ] = None,
     k: Annotated[
         int | None,
-        typer.Option("--k", help="Draft positions per step; default: from the per-position counters."),
+        typer.Option(
+            "--k", help="Draft positions per step; default: from the per-position counters.", min=1, max=64
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the breakdown as JSON.")] = False,
     steps: Annotated[bool, typer.Option("--steps", help="With --json: include every engine step.")] = False,
@@ -125,9 +127,12 @@ def analyze(
         raise InputError("--counters needs --model (the served model name)")
     window = None
     if counters is not None:
-        try:
-            before, after = (p.read_text(encoding="utf-8") for p in counters)
-        except (OSError, UnicodeDecodeError) as exc:
+        from specgauge.errors import MetricsError
+        from tasks.metrics.files import read_snapshot
+
+        try:  # bounded reads: /dev/zero is refused, not read into memory
+            before, after = (read_snapshot(p) for p in counters)
+        except MetricsError as exc:
             raise InputError(f"--counters: {exc}") from None
         window = counters_from_metrics(before, after, model or "")
     if trace.is_file() and trace.suffix in (".sqlite", ".db"):

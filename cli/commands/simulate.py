@@ -164,6 +164,7 @@ def simulate(
         typer.Option(
             "--tail",
             min=0,
+            max=4096,  # tokens generated offline per output: a bound on the run's time and memory
             help="Tokens of the target's own continuation past each output (offline), for the last step's "
             "drafts; 0: count them as rejected.",
         ),

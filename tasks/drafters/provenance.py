@@ -10,11 +10,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specgauge.errors import InputError
+
 # What makes the drafter what it is: its weights and the config the engine builds it from.
 _IDENTITY_GLOBS = ("*.safetensors", "config.json")
 # How it was made: kept beside it, recorded but not part of its identity (a card edit is not a new head).
 CARD_FILES = ("README.md", "training.json")
 _CHUNK = 1 << 20
+
+
+class IncompleteDrafter(InputError, FileNotFoundError):
+    """A drafter folder without its config.json or weights: bad input to the CLI (one `error:` line, exit 2),
+    still a FileNotFoundError for the callers that skip such a folder."""
 
 
 def _sha256_file(path: Path) -> str:
@@ -39,8 +46,8 @@ def drafter_digest(path: Path | str) -> str:
     directory = Path(path)
     files = drafter_files(directory)
     if not any(f.suffix == ".safetensors" for f in files) or not (directory / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{directory}: a drafter needs config.json and at least one .safetensors file"
+        raise IncompleteDrafter(
+            f"{directory}: a drafter needs config.json and at least one .safetensors file (no weights here)"
         )
     digest = hashlib.sha256()
     for file in files:
