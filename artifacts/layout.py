@@ -23,14 +23,24 @@
                                            /metrics_before.txt, metrics_after.txt, trace/
 
 Ids: artifacts.ids. Documents: artifacts.documents. Atomic writing: artifacts.store. Names that start with
-'.' are temporaries (artifacts.store) and never artifacts.
+'.' are temporaries (artifacts.store) or a campaign's writer lock and its holder's note (RAW/.<campaign_id>
+.writer.lock and .writer.json, beside the campaign's folder so that taking the lock creates no campaign) and
+never artifacts.
+
+Every name below a root (campaign id, deployment id, cell id, ...) is built partly from data (spec, corpus,
+imported metadata); `child` refuses any that is not one plain folder name under its parent (no '/', '..',
+leading '.', control character), so no artifact path ever resolves outside its root, whatever slipped past
+the checks where data enters (specgauge.names).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from artifacts import ids
+from specgauge.errors import ArtifactError
 
 CAMPAIGN_FILE = "campaign.json"
 RUNS = "runs"
@@ -61,8 +71,52 @@ CAPTURE_FILES = (META, OUTPUTS)
 PROFILE_DOCUMENTS = (META, BREAKDOWN)  # what the warehouse reads of a profile (not the trace or scrapes)
 
 
+WRITER_LOCK = ".writer.lock"  # RAW/.<campaign_id>.writer.lock: held by the one writer of that campaign
+WRITER_NOTE = ".writer.json"  # RAW/.<campaign_id>.writer.json: who holds it (pid, host, command, since)
+NAME_MAX = 255  # a file name's limit on Linux filesystems
+
+_NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
 def is_temporary(name: str) -> bool:
     return name.startswith(".")
+
+
+def part_problem(name: object) -> str | None:
+    """Why `name` cannot be one artifact folder or file name (None when it can)."""
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__}"
+    if not name:
+        return "is empty"
+    if _NOT_IN_A_NAME.search(name):
+        return "contains a path separator or a control character"
+    if name.startswith("."):
+        return "starts with '.' (names starting with '.' are '..', temporaries and locks)"
+    if len(name.encode()) > NAME_MAX:
+        return f"is longer than {NAME_MAX} bytes"
+    return None
+
+
+def _shown(name: object) -> str:
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def child(parent: Path, name: str, what: str = "artifact name") -> Path:
+    """`parent / name`, or ArtifactError when `name` is not one plain name, or the path would resolve
+    outside `parent` (compared lexically, so a root that is a symlink stays allowed)."""
+    parent = Path(parent)
+    problem = part_problem(name)
+    if problem is None:
+        base = os.path.normpath(os.path.abspath(parent))
+        joined = os.path.normpath(os.path.join(base, name))
+        if os.path.dirname(joined) != base:
+            problem = f"resolves to {joined}, outside {base}"
+    if problem:
+        raise ArtifactError(
+            f"{what} {_shown(name)} {problem}: refused, an artifact path must stay under {parent}"
+        )
+    return parent / name
 
 
 def subdirs(path: Path) -> list[Path]:
@@ -75,8 +129,20 @@ def subdirs(path: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ campaign
 
 
+def writer_lock_file(directory: Path) -> Path:
+    """The lock of one campaign's writer: beside its folder, a dotfile (never an artifact)."""
+    directory = Path(directory)
+    return directory.parent / f".{directory.name}{WRITER_LOCK}"
+
+
+def writer_note_file(directory: Path) -> Path:
+    """Who holds the campaign's writer lock (specgauge.locks.Holder), while it is held."""
+    directory = Path(directory)
+    return directory.parent / f".{directory.name}{WRITER_NOTE}"
+
+
 def campaign_dir(raw_dir: Path, campaign_id: str) -> Path:
-    return Path(raw_dir) / campaign_id
+    return child(Path(raw_dir), campaign_id, "campaign id")
 
 
 def campaign_file(directory: Path) -> Path:
@@ -117,7 +183,7 @@ def run_files(directory: Path) -> list[Path]:
 
 
 def run_file(directory: Path, stem: str) -> Path:
-    return runs_dir(directory) / f"{stem}.json"
+    return child(runs_dir(directory), f"{stem}.json", "run record")
 
 
 # --------------------------------------------------------------------------------------------- deployments
@@ -128,7 +194,7 @@ def deployments_dir(directory: Path) -> Path:
 
 
 def deployment_dir(directory: Path, deployment_id: str) -> Path:
-    return deployments_dir(directory) / deployment_id
+    return child(deployments_dir(directory), deployment_id, "deployment id")
 
 
 def next_launch_id(directory: Path, slot: str) -> str:
@@ -147,26 +213,38 @@ def cells_dir(directory: Path) -> Path:
 
 
 def cell_dir(directory: Path, cell_id: str, attempt: int) -> Path:
-    return cells_dir(directory) / ids.attempt_name(cell_id, attempt)
+    return child(cells_dir(directory), ids.attempt_name(cell_id, attempt), "cell id")
 
 
 def cell_attempts(cells: Path, cell_id: str) -> list[Path]:
     """Existing attempts of one cell in a cells folder, oldest first."""
+    child(cells, ids.attempt_name(cell_id, 1), "cell id")  # a hostile id never reaches the glob
     if not cells.exists():
         return []
     found = []
-    for path in cells.glob(f"{cell_id}.a*"):
+    for path in cells.glob(f"{glob_escape(cell_id)}.a*"):
         parsed = ids.parse_attempt_name(path.name)
         if path.is_dir() and parsed is not None and parsed[0] == cell_id:
             found.append((parsed[1], path))
     return [path for _, path in sorted(found)]
 
 
+def next_cell_attempt(cells: Path, cell_id: str) -> tuple[Path, int]:
+    """Where the next attempt of a cell goes, and its number (1 when it has none)."""
+    attempts = cell_attempts(cells, cell_id)
+    parsed = ids.parse_attempt_name(attempts[-1].name) if attempts else None
+    attempt = (parsed[1] if parsed else 0) + 1
+    return child(cells, ids.attempt_name(cell_id, attempt), "cell id"), attempt
+
+
 def next_cell_dir(cells: Path, cell_id: str) -> Path:
     """Where the next attempt of a cell goes (attempt 1 when it has none)."""
-    attempts = cell_attempts(cells, cell_id)
-    last = ids.parse_attempt_name(attempts[-1].name)[1] if attempts else 0  # type: ignore[index]
-    return cells / ids.attempt_name(cell_id, last + 1)
+    return next_cell_attempt(cells, cell_id)[0]
+
+
+def glob_escape(name: str) -> str:
+    """`name` matched literally by Path.glob ('[' ']' '*' '?' escaped; a load label may hold '?')."""
+    return re.sub(r"([\[\]*?])", r"[\1]", name)
 
 
 # ------------------------------------------------------------------------------------------------ captures
@@ -177,7 +255,7 @@ def captures_dir(directory: Path) -> Path:
 
 
 def capture_dir(directory: Path, capture_id: str) -> Path:
-    return captures_dir(directory) / capture_id
+    return child(captures_dir(directory), capture_id, "capture id")
 
 
 def capture_complete(path: Path) -> bool:
@@ -192,7 +270,7 @@ def gates_dir(directory: Path) -> Path:
 
 
 def verdict_file(directory: Path, verdict_id: str) -> Path:
-    return gates_dir(directory) / f"{verdict_id}.json"
+    return child(gates_dir(directory), f"{verdict_id}.json", "verdict id")
 
 
 def verdict_files(directory: Path) -> list[Path]:
@@ -214,7 +292,7 @@ def capacity_dir(directory: Path) -> Path:
 
 
 def search_file(directory: Path, search_id: str) -> Path:
-    return capacity_dir(directory) / f"{search_id}.json"
+    return child(capacity_dir(directory), f"{search_id}.json", "capacity search id")
 
 
 def search_files(directory: Path) -> list[Path]:
@@ -229,7 +307,7 @@ def calibration_dir(directory: Path) -> Path:
 
 
 def calibration_file(directory: Path, calibration_id: str) -> Path:
-    return calibration_dir(directory) / f"{calibration_id}.json"
+    return child(calibration_dir(directory), f"{calibration_id}.json", "calibration id")
 
 
 def calibration_files(directory: Path) -> list[Path]:
@@ -244,7 +322,7 @@ def adaptations_dir(directory: Path) -> Path:
 
 
 def adaptation_file(directory: Path, adaptation_id: str) -> Path:
-    return adaptations_dir(directory) / f"{adaptation_id}.json"
+    return child(adaptations_dir(directory), f"{adaptation_id}.json", "adaptation id")
 
 
 def adaptation_files(directory: Path) -> list[Path]:
@@ -255,7 +333,7 @@ def adaptation_files(directory: Path) -> list[Path]:
 
 
 def decision_file(directory: Path, decision_id: str) -> Path:
-    return Path(directory) / DECISIONS / f"{decision_id}.json"
+    return child(Path(directory) / DECISIONS, f"{decision_id}.json", "decision id")
 
 
 def decision_files(directory: Path) -> list[Path]:
@@ -263,7 +341,7 @@ def decision_files(directory: Path) -> list[Path]:
 
 
 def promotion_file(directory: Path, decision_id: str) -> Path:
-    return Path(directory) / PROMOTIONS / f"{decision_id}.json"
+    return child(Path(directory) / PROMOTIONS, f"{decision_id}.json", "decision id")
 
 
 def promotion_files(directory: Path) -> list[Path]:
@@ -278,7 +356,7 @@ def profiles_dir(directory: Path) -> Path:
 
 
 def profile_dir(directory: Path, profile_id: str) -> Path:
-    return profiles_dir(directory) / profile_id
+    return child(profiles_dir(directory), profile_id, "profile id")
 
 
 # ------------------------------------------------------------------------------------------------ drafters
@@ -303,7 +381,7 @@ def drafters_dir(raw_dir: Path) -> Path:
 
 
 def drafter_dir(raw_dir: Path, drafter_id: str) -> Path:
-    return drafters_dir(raw_dir) / drafter_id
+    return child(drafters_dir(raw_dir), drafter_id, "drafter id")
 
 
 def drafter_complete(path: Path) -> bool:

@@ -188,24 +188,11 @@ def check_spec_path(path: str | Path, roots: Sequence[Path] | None = None) -> Pa
     )
 
 
-def from_deployment() -> bool:
-    """Whether this code runs in a flow run started from a deployment (the Prefect UI, a schedule, the API),
-    or in a subflow of one: its parameters come from whoever may start it, not from this machine's user."""
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    if context is not None and getattr(context.flow_run, "deployment_id", None) is not None:
-        return True
-    try:  # set by the flow engine for a deployment's run and inherited by its subflows
-        from prefect.context import _deployment_id
-    except ImportError:
-        return False
-    return _deployment_id.get() is not None
-
-
 def flow_spec_path(path: str) -> str:
     """A flow's spec path parameter, checked when the run came from a deployment (check_spec_path); a run the
     user started in their own shell (the CLI, a script) reads any file they give, as the CLI does."""
+    from specgauge.flow_paths import from_deployment
+
     if from_deployment():
         check_spec_path(path)
     return path

@@ -590,8 +590,11 @@ def confirm_adaptation(
     """
     # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
     from experiments.loader import flow_spec_path
+    from specgauge.flow_paths import flow_path, input_roots
 
     flow_spec_path(spec_path)
+    flow_path(new_head, "new_head", input_roots())
+    flow_path(old_head, "old_head", input_roots())
     inputs = Inputs(
         spec_path,
         new_head,

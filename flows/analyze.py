@@ -16,6 +16,7 @@ from analysis.run import analyze_campaign
 from analysis.serve import report_url
 from flows.alerts import CAMPAIGN_INVALID, alert
 from flows.ingest import ensure_writer_limit
+from specgauge.flow_paths import flow_path
 from tasks.ingest import only_lock_contention, writer_slot
 
 KEY_CHARTS = ("speedup_closed", "speedup_open", "acceptance_positions", "latency")
@@ -72,6 +73,8 @@ def analyze(
         reports_dir: Where report folders go on the worker's machine. Empty: SPECGAUGE_HOME/reports, which
             the report server serves.
     """
+    flow_path(db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
+    flow_path(reports_dir, "reports_dir")
     ensure_writer_limit()
     summary = analyze_task(campaign_id, db, reports_dir)
     report = summary["report"]

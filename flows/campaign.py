@@ -556,6 +556,10 @@ def campaign(
     """
     overrides = SpecOverrides.of(variants, strata, concurrencies, repeats)
     spec_file = spec_file_of({"spec": spec, "spec_path": spec_path})
+    # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
+    from experiments.loader import flow_spec_path
+
+    flow_spec_path(spec_file)
     with progress.reporting(progress.Tee(progress.current(), ArtifactProgress())):
         return _campaign(spec_file, label, overrides, ingest=ingest, gate=gate, analyze=analyze)
 
@@ -564,6 +568,21 @@ def _campaign(
     spec_file: str, label: str | None, overrides: SpecOverrides, *, ingest: bool, gate: bool, analyze: bool
 ) -> dict[str, Any]:
     experiment, plan, directory = plan_step(spec_file, label, overrides)
+    # One writer per campaign (tasks.campaign): a second run of the same campaign is refused here, naming
+    # the first, before it launches or measures anything; a killed run's half-written artifacts go.
+    with state.campaign_writer(directory):
+        return _run_planned(experiment, plan, directory, ingest=ingest, gate=gate, analyze=analyze)
+
+
+def _run_planned(
+    experiment: ExperimentSpec,
+    plan: CampaignPlan,
+    directory: Path,
+    *,
+    ingest: bool,
+    gate: bool,
+    analyze: bool,
+) -> dict[str, Any]:
     started = utc_now()
     result: dict[str, Any] = {"campaign_id": plan.campaign_id, "directory": str(directory)}
     reap_task()

@@ -10,6 +10,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectNotFound
 
+from specgauge.flow_paths import flow_path
 from tasks.ingest import ingest_task, writer_slot
 from warehouse.lock import WRITER_LIMIT_NAME
 
@@ -31,6 +32,8 @@ def ingest(
 ) -> dict[str, Any]:
     """Ingest every raw artifact under raw_dir (default: the configured raw dir); already ingested ones are
     skipped, corrupt ones quarantined with the reason."""
+    flow_path(raw_dir, "raw_dir")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
+    flow_path(db, "db")
     ensure_writer_limit()
     with writer_slot(db):
         report = ingest_task(raw_dir, db)

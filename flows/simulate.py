@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from analysis.simulate.campaign import simulate_campaign
 from flows.ingest import ensure_writer_limit
+from specgauge.flow_paths import flow_path
 from tasks.ingest import only_lock_contention, writer_slot
 
 
@@ -79,6 +80,8 @@ def simulate(
         dtype: The models' dtype offline (bfloat16, as the engine serves them).
         report: Re-render the campaign's report with its offline section afterwards.
     """
+    flow_path(db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
+    flow_path(reports_dir, "reports_dir")
     ensure_writer_limit()
     summary = simulate_task(campaign_id, shapes, db, proposers, tail, dtype)
     if report:

@@ -138,8 +138,16 @@ def train_drafter_flow(
         ingest: Write the drafter's row into the warehouse afterwards.
         db: Another warehouse file. Empty: the default.
     """
+    from specgauge.flow_paths import flow_path, flow_paths, input_roots
     from tasks.drafters.training_data import source_files
 
+    # From a deployment: inputs only under the repo, SPECGAUGE_HOME or SPECGAUGE_SPEC_DIRS; the warehouse
+    # only under SPECGAUGE_HOME (specgauge.flow_paths).
+    for name, value in (("target", target), ("parent", parent)):
+        flow_path(value, name, input_roots())
+    flow_paths(captures, "captures", input_roots())
+    flow_paths(jsonl, "jsonl", input_roots())
+    flow_path(db, "db")
     hp = Hyperparameters(
         steps=steps,
         lr=lr,

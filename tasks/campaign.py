@@ -2,6 +2,10 @@
 
 The raw tree is the campaign's memory: a re-run reads it to skip cells whose latest attempt is ok and
 captures that exist, and to give each new launch a fresh deployment id.
+
+One writer per campaign: a run holds `campaign_writer` (artifacts.store) from planning to its run record, so a
+second run of the same campaign is refused at once naming the holder (exit 2) instead of measuring the same
+cells on the same servers at the same time; taking it removes the half-written artifacts a killed run left.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from typing import Any
 
 from artifacts import layout
 from artifacts.documents import CampaignRecord, CellSummary, RunRecord
+from artifacts.store import CampaignBusy as CampaignBusy  # the campaign's lock, for flows and the CLI
+from artifacts.store import campaign_writer as campaign_writer
 from artifacts.store import read_document, read_json, write_json_atomic
 from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan
 from experiments.spec import ExperimentSpec
+from specgauge.errors import ArtifactError
 from specgauge.provenance import host_facts, tool_facts, utc_now, utc_stamp
 from specgauge.settings import get_settings
 
@@ -54,7 +61,13 @@ def record_campaign(plan: CampaignPlan, spec: ExperimentSpec, raw_dir: Path | No
             "host": host_facts(),
         }
     )
-    write_json_atomic(path, record)
+    try:
+        write_json_atomic(path, record)
+    except ArtifactError:
+        if not path.exists():
+            raise
+        # Another run of the same campaign wrote it first (two runs started together): not a failure here;
+        # the campaign's writer lock then decides which of the two runs.
     return directory
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import polars as pl
 
-from artifacts import ids, layout
+from artifacts import layout
 from artifacts.documents import GAUGE_SCHEMA, CellMeta, CellSummary, HostLoad
 from artifacts.store import atomic_dir, write_json
 from experiments.plan import CellPlan
@@ -226,6 +226,9 @@ def run_cell(
     """Run one cell against a ready deployment and write its artifact (ok or failed). Never raises for a
     measurement problem; raises only if the artifact itself cannot be written, or, after writing what was
     measured (status failed), the interruption (KeyboardInterrupt, SIGTERM) that stopped it."""
+    # Where its artifact goes, checked before a request is sent: a cell id that cannot be a folder under
+    # cells_dir (a hostile stratum or variant name) fails now, not after the measurement it would lose.
+    layout.next_cell_attempt(cells_dir, cell.cell_id)
     prompts = corpus.stratum(cell.workload)
     plan = load_plan(cell, load, seed)
     try:
@@ -328,8 +331,7 @@ def run_cell(
     summary.status = "failed" if error else "ok"
     summary.error = error
 
-    final = layout.next_cell_dir(cells_dir, cell.cell_id)
-    _, attempt = ids.parse_attempt_name(final.name)  # type: ignore[misc]
+    final, attempt = layout.next_cell_attempt(cells_dir, cell.cell_id)
     meta = CellMeta.model_validate(
         {
             "cell_id": cell.cell_id,

@@ -262,6 +262,43 @@ def test_a_flow_from_a_deployment_reads_specs_only_under_its_folders(
     )
 
 
+def test_a_flow_from_a_deployment_reads_and_writes_only_under_its_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other path parameters of the deployed flows: warehouse files, raw trees and report folders only
+    under SPECGAUGE_HOME; training inputs and heads only under the repo, HOME or SPECGAUGE_SPEC_DIRS."""
+    from flows.adapt import confirm_adaptation
+    from flows.analyze import analyze
+    from flows.ingest import ingest
+    from flows.simulate import simulate
+    from flows.train_drafter import train_drafter_flow
+    from specgauge.errors import InputError
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECGAUGE_HOME", str(home))
+    get_settings.cache_clear()
+    outside = tmp_path / "outside"
+    calls = {
+        "analyze reports_dir": lambda: analyze.fn(reports_dir=str(outside)),
+        "analyze db": lambda: analyze.fn(db="/etc/passwd"),
+        "ingest raw_dir": lambda: ingest.fn(raw_dir=str(outside)),
+        "simulate db": lambda: simulate.fn(campaign_id="c", db=str(outside / "w.duckdb")),
+        "train jsonl": lambda: train_drafter_flow.fn(jsonl=["/etc/passwd"]),
+        "adapt new_head": lambda: confirm_adaptation.fn(
+            spec_path="experiments/adapt.yaml", new_head="/etc", target_stratum="code"
+        ),
+    }
+    token = _deployment_id.set(uuid.uuid4())
+    try:
+        for what, call in calls.items():
+            with pytest.raises(InputError, match="is not under") as raised:
+                call()
+            assert "root:" not in str(raised.value), what
+    finally:
+        _deployment_id.reset(token)
+    assert not outside.exists()  # nothing was written there
+
+
 # -- finding 6: a traceback instead of one line -------------------------------------------------------------
 def test_a_spec_nested_thousands_deep_is_one_error_line(tmp_path: Path, observe) -> None:
     results = []

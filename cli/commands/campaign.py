@@ -146,23 +146,27 @@ def run_campaign_cli(
     plan = plan_campaign(experiment, label)
     check_launchable(experiment, source=str(spec_path))
 
-    from flows.campaign import campaign
-    from specgauge.progress import RichReporter, reporting
     from tasks import campaign as state
 
-    with reporting(RichReporter()):
-        result = campaign(
-            spec_path=str(spec_path),
-            label=label,
-            variants=list(overrides.variants or []),
-            strata=list(overrides.strata or []),
-            concurrencies=list(overrides.concurrencies or []),
-            repeats=overrides.repeats,
-            ingest=ingest,
-            gate=gate,
-            analyze=analyze,
-        )
     directory = state.campaign_dir(plan.campaign_id)
+    # One writer per campaign: a second run of it is refused here, naming the first, before Prefect is even
+    # imported; the flow takes the same lock again (re-entrant), as a run started from the UI does.
+    with state.campaign_writer(directory):
+        from flows.campaign import campaign
+        from specgauge.progress import RichReporter, reporting
+
+        with reporting(RichReporter()):
+            result = campaign(
+                spec_path=str(spec_path),
+                label=label,
+                variants=list(overrides.variants or []),
+                strata=list(overrides.strata or []),
+                concurrencies=list(overrides.concurrencies or []),
+                repeats=overrides.repeats,
+                ingest=ingest,
+                gate=gate,
+                analyze=analyze,
+            )
     console.print(headline_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
     for verdict in result.get("gates", []) or []:
         console.print(
@@ -175,6 +179,29 @@ def run_campaign_cli(
         console.print(f"report: {analysis['report']}", markup=False)
     console.print(f"raw artifacts: {directory}", markup=False)
     return result
+
+
+EXIT_NEGATIVE = 1  # the campaign ran but measured nothing: every launch failed
+
+
+def launch_failure_summary(result: dict) -> str | None:
+    """One paragraph when every deployment slot that had work failed to launch (nothing was measured):
+    which slots (campaign.variant.rN) and why, first line of each error; None when anything launched or was
+    measured (a resumed campaign whose cells were done earlier is not a failure)."""
+    slots = [s for s in result.get("deployments") or [] if isinstance(s, dict)]
+    tried = [s for s in slots if s.get("launches") or s.get("error")]
+    if not tried or any(s.get("launches") for s in slots):
+        return None
+    if any(str(status).startswith("ok") for s in slots for status in (s.get("cells") or {}).values()):
+        return None
+    reasons = "; ".join(
+        f"{s.get('slot')}: {str(s.get('error') or 'no launch').splitlines()[0][:200]}" for s in tried
+    )
+    cells = sum(len(s.get("cells") or {}) for s in tried)
+    return (
+        f"every launch failed ({len(tried)} of {len(tried)} deployment slots), so none of the campaign's "
+        f"{cells} cells was measured: {reasons}. Fix the cause and run the same command again to resume."
+    )
 
 
 def _listed(value: str | None, option: str, kind: type = str) -> list | None:
@@ -245,7 +272,7 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="Closed-loop concurrencies instead of the spec's, e.g. 1,4.")
         ] = None,
         repeats: Annotated[
-            int | None, typer.Option(help="Deployments per variant instead of the spec's.", min=1)
+            int | None, typer.Option(help="Deployments per variant instead of the spec's.", min=1, max=1000)
         ] = None,
     ) -> None:
         """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
@@ -260,7 +287,13 @@ def register(app: typer.Typer) -> None:
             _listed(concurrencies, "--concurrencies", int),
             repeats,
         )
-        run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
+        result = run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
+        summary = launch_failure_summary(result)
+        if summary:  # a negative answer, not a success: scripts must not take an empty campaign for a result
+            from specgauge.redact import redact_text
+
+            typer.echo(f"error: {redact_text(summary)}", err=True)
+            raise typer.Exit(code=EXIT_NEGATIVE)
 
     @campaign_app.command("verify-recommendation")
     def verify_cmd(
@@ -296,9 +329,9 @@ def register(app: typer.Typer) -> None:
 
     @server_app.command("server")
     def server_cmd(
-        port: int = typer.Option(4200, help="Port on 127.0.0.1."),
+        port: int = typer.Option(4200, help="Port on 127.0.0.1.", min=1, max=65535),
         reports_port: int = typer.Option(
-            REPORTS_PORT, help="Port of the report server started beside it (0: none)."
+            REPORTS_PORT, help="Port of the report server started beside it (0: none).", min=0, max=65535
         ),
     ) -> None:
         """Start the Prefect server and UI on 127.0.0.1, and the report server the runs' report links open
@@ -317,7 +350,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 envvar="SPECGAUGE_ALERT_WEBHOOK",
                 help="Also send alerts (a regression, a failed regression run, an invalid campaign) to this "
-                "webhook: see `specgauge prefect alerts`.",
+                "webhook: see `specgauge prefect alerts`. The URL is a secret: prefer the environment "
+                "variable to the option (a command line is visible to every user of the machine).",
             ),
         ] = None,
     ) -> None:
@@ -331,8 +365,10 @@ def register(app: typer.Typer) -> None:
         env = {**os.environ, "PREFECT_PROFILE": "server"}
         subprocess.run([sys.executable, "-m", "cli", "blocks", "register"], env=env, check=False)
         if alert_webhook:
-            alerts = [sys.executable, "-m", "cli", "prefect", "alerts", "--webhook", alert_webhook]
-            if subprocess.run(alerts, env=env, check=False).returncode != 0:
+            from flows.alerts import alerts_command
+
+            alerts, alerts_env = alerts_command(alert_webhook, env)  # the URL in the environment, not argv
+            if subprocess.run(alerts, env=alerts_env, check=False).returncode != 0:
                 raise typer.Exit(2)
         else:
             console.print("no alerts: give --alert-webhook URL, or run `specgauge prefect alerts` later")
@@ -342,7 +378,8 @@ def register(app: typer.Typer) -> None:
         webhook: Annotated[
             str | None,
             typer.Option(
-                help="POST each alert as JSON {subject, text} to this URL (saved as a webhook block)."
+                help="POST each alert as JSON {subject, text} to this URL (saved as a webhook block, the URL "
+                "masked). Without this and --block: the URL in SPECGAUGE_ALERT_WEBHOOK."
             ),
         ] = None,
         block: Annotated[
@@ -355,10 +392,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create (or replace) the automation that tells someone when a nightly regression regressed or failed,
         or a campaign was found invalid: the message says what, by how much, and links the report."""
+        from flows.alerts import webhook_from_environment
         from specgauge.errors import InputError
 
+        if webhook is None and block is None:
+            webhook = webhook_from_environment()
         if (webhook is None) == (block is None):
-            raise InputError("give one of --webhook URL or --block TYPE/NAME")
+            raise InputError("give one of --webhook URL (or SPECGAUGE_ALERT_WEBHOOK) or --block TYPE/NAME")
         from prefect.settings import get_current_settings
 
         if not get_current_settings().api.url:  # the local profile's ephemeral API would forget it at exit
@@ -366,12 +406,12 @@ def register(app: typer.Typer) -> None:
                 "alerts live on the Prefect server: run with PREFECT_PROFILE=server (or PREFECT_API_URL set)"
             )
         from flows.alerts import AUTOMATION_NAME, ensure_automation, notification_block_id, save_webhook_block
+        from specgauge.redact import redact_webhook
 
         block_id = save_webhook_block(webhook)._block_document_id if webhook else notification_block_id(block)
         automation = ensure_automation(block_id)
-        console.print(
-            f"automation {AUTOMATION_NAME} ({automation.id}): alerts go to {webhook or block}", markup=False
-        )
+        where = redact_webhook(webhook) if webhook else block  # the host only: the rest of a hook is its key
+        console.print(f"automation {AUTOMATION_NAME} ({automation.id}): alerts go to {where}", markup=False)
 
     @server_app.command("worker")
     def worker_cmd() -> None:

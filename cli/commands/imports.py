@@ -1,7 +1,9 @@
 """`specgauge import seed RESULTS_DIR`: the reference study's results as an imported campaign.
 
 A thin shell over warehouse.imports.seed.import_seed; its errors (a missing folder, a campaign id taken by
-a campaign that was not imported, a busy warehouse) go to the CLI's one error boundary (exit 2).
+a campaign that was not imported, a name from the data that cannot be a folder name, a busy warehouse or
+import target past --lock-timeout) go to the CLI's one error boundary (exit 2). A second import of the same
+campaign waits for the first, saying whom it waits for, then adds nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.commands.warehouse_options import DbOption, LockTimeout
+from cli.commands.warehouse_options import DbOption, LockTimeout, say_waiting
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -41,7 +43,9 @@ SEED_HELP = "\n\n".join(
         "Not imported, and listed with the reason: gate verdicts, greedy captures, load-test summaries, "
         "logs and any file the importer does not read. A file that cannot be read or validated is listed "
         "as damaged and its cell skipped; the rest still imports. Raw files already written are never "
-        "rewritten: a second import adds nothing.",
+        "rewritten: a second import adds nothing; one started while another imports the same campaign waits "
+        "for it (--lock-timeout bounds the wait). A variant name or workload that cannot be a folder name "
+        "(letters, digits, '.', '_', '-') refuses the whole import, naming the file and field.",
         "Exit 0: imported, nothing damaged; 1: something damaged or quarantined (the rest imported); "
         "2: nothing importable found, or an error.",
     ]
@@ -74,6 +78,7 @@ def seed(
         db,
         campaign,
         lock_timeout_s=lock_timeout,
+        on_wait=say_waiting,  # another import of the same campaign, or another warehouse writer
     )
     console.print(
         f"{result.campaign_id}: {len(result.written)} cell(s) written, {len(result.already)} already "

@@ -30,6 +30,12 @@ guessed. gauges.parquet is written empty: no gauge samples are translated.
 Never guessed: a file that cannot be read or validated is reported as damaged and its cell skipped; files
 the importer does not read (gate verdicts, captures, load-test summaries, logs) are reported and skipped.
 Raw files already written are never rewritten, so a second import adds nothing.
+
+Names from the reference's data that become folder names (variant names, strata) must be safe names
+(specgauge.names): one that is not refuses the whole import, naming the file and field, before anything is
+written. One import per target at a time: the import holds the campaign's writer lock (artifacts.store
+.campaign_writer) while it writes and ingests; a second import of the same tree into the same home waits for
+it, then finds every cell written and adds nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from artifacts import ids, layout
 from artifacts.documents import (
@@ -69,8 +75,10 @@ from artifacts.documents import (
     VariantFacts,
     WorkloadFacts,
 )
-from artifacts.store import atomic_dir, read_document, write_json, write_json_atomic
-from specgauge.errors import ArtifactError, CounterReset, MetricsError
+from artifacts.store import atomic_dir, campaign_writer, read_document, write_json, write_json_atomic
+from specgauge.errors import ArtifactError, CounterReset, InputError, MetricsError
+from specgauge.locks import WaitCallback
+from specgauge.names import safe_name_problem
 from specgauge.provenance import host_facts, tool_facts, utc_stamp
 from tasks.metrics.prometheus import GENERATION_TOKENS, Snapshot, counter_delta, parse, spec_decode_delta
 from tasks.metrics.summary import (
@@ -150,6 +158,19 @@ class RefMetadata(_Reference):
     workload_file_sha256: str | None = None
     prompt_ids: list[str] | None = None
     extra: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("started_at", "ended_at")
+    @classmethod
+    def utc_time(cls, value: str) -> str:
+        # Deployments are ordered by these times: an unreadable one is damage, never a crash later.
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            shown = repr(value if len(value) <= 40 else value[:37] + "...")
+            raise ValueError(f"{shown} is not an ISO 8601 time") from None
+        if parsed.utcoffset() is None:
+            raise ValueError(f"{value!r} has no UTC offset (the time would be guessed)")
+        return value
 
 
 class RefDistribution(_Reference):
@@ -265,7 +286,7 @@ class _Damaged(Exception):
 def _validation_reason(exc: ValidationError) -> str:
     first = exc.errors(include_url=False)[0]
     where = ".".join(str(part) for part in first["loc"]) or "(document)"
-    return f"field {where}: {first['msg']}"
+    return f"field {where}: {first['msg'].removeprefix('Value error, ')}"
 
 
 def _read_json(path: Path) -> Any:
@@ -360,6 +381,8 @@ def _read_cell(directory: Path, results_dir: Path, skipped: list[Skipped]) -> _R
     requests: list[RefRequest] | None = attempt(REQUESTS, _read_requests)
     before = attempt(BEFORE, _read_snapshot)
     after = attempt(AFTER, _read_snapshot)
+    if metadata is not None:  # names that become folder names: refused outright, whatever else is wrong
+        _refuse_unsafe_names(present[METADATA], metadata)
     if metadata is not None and metadata.schema_version != 1:
         damaged.append(
             _Damaged(present[METADATA], f"schema_version {metadata.schema_version}: only 1 is understood")
@@ -414,6 +437,16 @@ def _unmappable(metadata: RefMetadata) -> str | None:
     if "." in metadata.cell.workload:
         return f"metadata.json cell.workload {metadata.cell.workload!r}: a workload name cannot contain '.'"
     return None
+
+
+def _refuse_unsafe_names(path: Path, metadata: RefMetadata) -> None:
+    """InputError naming the file and field of a name from data that cannot be a folder name
+    (specgauge.names): such a name would put artifacts outside SPECGAUGE_HOME. Raised while reading, so
+    before anything is written."""
+    for what, value in (("variant.name", metadata.variant.name), ("cell.workload", metadata.cell.workload)):
+        problem = safe_name_problem(value, what)
+        if problem:
+            raise InputError(f"{path}: field {what}: {problem}; nothing was imported")
 
 
 def _classify_loose(path: Path) -> Skipped:
@@ -795,8 +828,12 @@ def _ensure_campaign(directory: Path, record: CampaignRecord) -> None:
 def campaign_id_for(results_dir: Path, campaign: str | None) -> str:
     """`seed-<name>`: name from --campaign, else the results folder's name."""
     name = campaign or Path(results_dir).resolve().name
-    if not name or any(c in name for c in "/\\.") or name.startswith("-"):
-        raise ArtifactError(f"campaign name {name!r}: use letters, digits, '-' and '_' (no '.' or '/')")
+    problem = safe_name_problem(name, "campaign name")
+    if problem or "." in name:  # '.' separates the parts of deployment ids (artifacts.ids)
+        raise InputError(
+            f"campaign name {name[:60]!r}: use letters, digits, '-' and '_', starting with a letter or digit "
+            "(no '.' or '/'; at most 48 characters); choose one with --campaign"
+        )
     return name if name.startswith(CAMPAIGN_PREFIX) else f"{CAMPAIGN_PREFIX}{name}"
 
 
@@ -810,11 +847,14 @@ def import_seed(
     campaign: str | None = None,
     *,
     lock_timeout_s: float | None = None,
+    on_wait: WaitCallback | None = None,
 ) -> SeedImport:
     """Translate the reference results under `results_dir` into RAW/seed-<name>/ under `raw_dir`, then
     ingest that campaign into `warehouse` (None: the settings' warehouse). Returns what was written, what
     was already there and what was skipped (damaged files flagged). Raises ArtifactError when the folder
-    is missing or the campaign id belongs to a campaign that was not imported."""
+    is missing or the campaign id belongs to a campaign that was not imported, InputError when a name from
+    the data cannot be a folder name. Another import of the same campaign running: waits for it (up to
+    `lock_timeout_s`, None: as long as it takes; `on_wait` hears why), as for the warehouse's lock."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise ArtifactError(f"{results_dir}: no such results folder")
@@ -827,7 +867,17 @@ def import_seed(
     cells = [c for d in cell_dirs if (c := _read_cell(d, results_dir, result.skipped)) is not None]
     if not cells:
         return result
+    # One writer of this target: a second import of it waits here, then finds every cell already written.
+    with campaign_writer(directory, timeout_s=lock_timeout_s, on_wait=on_wait):
+        _write_campaign(result, directory, campaign_id, results_dir, cells)
+        result.ingest = ingest_raw(directory, warehouse, lock_timeout_s=lock_timeout_s, on_wait=on_wait)
+    return result
 
+
+def _write_campaign(
+    result: SeedImport, directory: Path, campaign_id: str, results_dir: Path, cells: list[_ReferenceCell]
+) -> None:
+    """The raw documents of the imported cells not written yet (the caller holds the campaign's lock)."""
     _ensure_campaign(directory, _campaign_record(campaign_id, results_dir.resolve(), cells))
     cells_dir = layout.cells_dir(directory)
     existing = _existing_sources(cells_dir)
@@ -846,11 +896,10 @@ def import_seed(
                 continue
             workload, concurrency = cell.metadata.cell.workload, cell.metadata.cell.concurrency
             cell_id = ids.cell_id(deployment.variant, deployment.repeat, workload, f"c{concurrency}")
-            final = layout.next_cell_dir(cells_dir, cell_id)  # a second cell of one key: its next attempt
-            attempt = ids.parse_attempt_name(final.name)
-            assert attempt is not None
+            # A second cell of one key: its next attempt.
+            final, attempt = layout.next_cell_attempt(cells_dir, cell_id)
             summary = _cell_summary(cell)
-            meta = _cell_meta(cell, cell_id, attempt[1], campaign_id, deployment.repeat, facts)
+            meta = _cell_meta(cell, cell_id, attempt, campaign_id, deployment.repeat, facts)
             _write_cell(final, meta, summary, cell)
             result.written.append(final.name)
             if summary.status != "ok":
@@ -858,8 +907,6 @@ def import_seed(
 
     if result.written:
         _record_run(directory, campaign_id, failed)
-    result.ingest = ingest_raw(directory, warehouse, lock_timeout_s=lock_timeout_s)
-    return result
 
 
 def _record_run(directory: Path, campaign_id: str, failed: dict[str, str]) -> None:
