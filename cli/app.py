@@ -84,6 +84,16 @@ def report_unexpected(exc: BaseException) -> int:
     return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
 
 
+def _installed_click_exit(exc: BaseException) -> int | None:
+    """The exit code of the installed click's Exit (raised by code that uses click itself, not typer's
+    vendored copy); None for anything else."""
+    try:
+        from click.exceptions import Exit as ClickExit
+    except ImportError:
+        return None
+    return exc.exit_code if isinstance(exc, ClickExit) else None
+
+
 class ErrorBoundary(TyperGroup):
     """The root command group: every subcommand runs inside its invoke, so one except clause covers all."""
 
@@ -95,7 +105,12 @@ class ErrorBoundary(TyperGroup):
             raise typer.Exit(code=EXIT_ERROR) from None
         except (typer.exceptions.TyperException, typer.Exit, typer.Abort):  # typer's own (vendored) click
             raise  # usage errors print usage and exit 2; typer.Exit carries the command's own code
-        except (Exception, KeyboardInterrupt) as exc:
+        except Exception as exc:
+            code = _installed_click_exit(exc)  # Prefect's click (not typer's copy) exits with its own code
+            if code is None:
+                raise typer.Exit(code=report_unexpected(exc)) from None
+            raise typer.Exit(code=code) from None
+        except KeyboardInterrupt as exc:
             raise typer.Exit(code=report_unexpected(exc)) from None
 
 

@@ -167,6 +167,7 @@ def test_a_cancelled_two_slot_campaign_leaves_no_job_behind(
         **os.environ,
         "PREFECT_API_URL": prefect_api,
         "SPECGAUGE_HOME": str(home),
+        "SPECGAUGE_SPEC_DIRS": str(tmp_path),  # a deployment's run reads specs only from its spec folders
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
     }
     log_path = tmp_path / "serve.log"

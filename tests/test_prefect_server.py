@@ -57,6 +57,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_lock) -> Iterator[di
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_WORKER_PREFETCH_SECONDS": "2",
         "SPECGAUGE_HOME": str(home / "specgauge"),
+        "SPECGAUGE_SPEC_DIRS": str(REPO / "tests" / "data" / "specs"),  # where TINY lives (a deployment's run
+        # reads specs only from experiments/, HOME/specs and these folders)
         "SPECGAUGE_REPO": str(REPO),
         "SPECGAUGE_REPORTS_URL": f"http://127.0.0.1:{reports_port}",  # the worker's runs link reports there
     }

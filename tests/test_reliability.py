@@ -369,6 +369,7 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
         **os.environ,
         "PREFECT_API_URL": prefect_api,
         "SPECGAUGE_HOME": str(home),
+        "SPECGAUGE_SPEC_DIRS": str(tmp_path),  # a deployment's run reads specs only from its spec folders
         "SPECGAUGE_ENGINE_PYTHON": str(standin),
         "SPECGAUGE_STANDIN_ARGS_FILE": str(args_file),
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
