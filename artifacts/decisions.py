@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from artifacts import layout
-from artifacts.documents import Document, Flag, Number, Text, Time, ToolFacts, Whole
+from artifacts.documents import Configuration, Document, Flag, Number, Text, Time, ToolFacts, Whole
 
 Outcome = Literal["confirmed", "refuted", "inconclusive"]
 OUTCOMES: tuple[str, ...] = ("confirmed", "refuted", "inconclusive")
@@ -48,7 +48,7 @@ class DecisionLoad(Document):
     reason: Text
 
 
-class DecisionDocument(Document):
+class DecisionDocument(Configuration):  # a target and variant: redacted when written
     """decisions/<decision_id>.json: one recommendation and its verification (analysis.verification.write_decision)."""
 
     decision_id: Text
@@ -75,7 +75,7 @@ class DecisionDocument(Document):
     tool: ToolFacts | None = None
 
 
-class PromotionDocument(Document):
+class PromotionDocument(Configuration):  # engine arguments: redacted when written
     """promotions/<decision_id>.json: a person's answer to a decision (tasks.promote.write_promotion); the
     promoted config is what the nightly regression runs. Written once: a new answer needs a new decision."""
 

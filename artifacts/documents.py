@@ -26,8 +26,18 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 import polars as pl
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
+
+from specgauge.redact import redact_data
 
 # ---------------------------------------------------------------------------------------------- value types
 
@@ -87,6 +97,19 @@ class Document(BaseModel):
         """The fields the document had (as read or as built), extras included: what hashes and canonical
         JSON of a block are computed from, so that fields a reader merely declares change nothing."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Configuration(Document):
+    """A document, or block, of configuration (a spec, a variant, an engine command, a deployment, a run): its
+    JSON form (every dump: the file written, the warehouse's columns, hashes of it) passes through
+    specgauge.redact, so URL passwords, secret env values and flags, and SecretStr never leave the process. A
+    document read from an older file is redacted again when dumped. Measurement documents (summaries,
+    requests, outputs) are not: a corpus may hold the text "password=...". The run keeps the real values in
+    memory (experiments.spec, tasks.launch.base.Deployment): only what is written is redacted."""
+
+    @model_serializer(mode="wrap")
+    def _redacted(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return redact_data(handler(self))
 
 
 # ------------------------------------------------------------------------------------ warehouse columns
@@ -212,7 +235,7 @@ class HostFacts(Document):
     hostname: Text | None = None
 
 
-class VariantFacts(Document):
+class VariantFacts(Configuration):
     """experiments.spec.Variant as JSON (`model_dump(mode="json")`): every field of it is kept."""
 
     name: Text
@@ -258,7 +281,7 @@ class DrafterFacts(Document):
     swaps: list[DrafterSwap] | None = None
 
 
-class EngineFacts(Document):
+class EngineFacts(Configuration):
     """What a cell, capture or profile records of the deployment it ran on: a copy of its DeploymentFacts
     (older and hand-written documents have only some of the fields)."""
 
@@ -272,7 +295,7 @@ class EngineFacts(Document):
     extra: dict[str, Any] | None = None
 
 
-class DeploymentFacts(Document):
+class DeploymentFacts(Configuration):
     """deployments/<launch_id>/deployment.json: one launched (or adopted) engine serving one variant,
     written by tasks.launch.base.Deployment.save at launch, when ready and at teardown (a living record).
     `id` is the launch id (artifacts.ids.launch_id); times are UTC ISO-8601; `ready_s` is how long the
@@ -617,7 +640,7 @@ class SloFacts(Document):
     tpot_p99_s: Number | None = None
 
 
-class SpecFacts(Document):
+class SpecFacts(Configuration):
     """experiments.spec.ExperimentSpec as JSON: every field kept; these few are read by the warehouse."""
 
     name: Text | None = None
@@ -655,7 +678,7 @@ class ImportFacts(Document):
     imported_utc: Time | None = None
 
 
-class CampaignRecord(Document):
+class CampaignRecord(Configuration):
     """campaign.json, written once by tasks.campaign.record_campaign. `variant_order`: the variants in
     launch order, one list per repeat (randomised by the spec's seed). It has no status: each finished run
     adds a RunRecord, and the warehouse derives the status from the latest (docs/warehouse.md). `imported`:
@@ -675,7 +698,7 @@ class CampaignRecord(Document):
     imported: ImportFacts | None = None
 
 
-class RunRecord(Document):
+class RunRecord(Configuration):
     """runs/<stamp>-<pid>-<nn>.json, one per finished run of the campaign (tasks.campaign.record_run).
     `failed_cells`: the cells that did not end ok in that run (cell id -> status; older records: a list)."""
 

@@ -15,7 +15,10 @@ class EndpointBlock(Block):
     _block_type_slug = "specgauge-endpoint"
     _description = "An already running OpenAI-compatible server for specgauge's endpoint launcher."
 
-    base_url: str = Field(description="Server root, e.g. https://api.example.org (without /v1).")
+    base_url: str = Field(
+        description="Server root, e.g. https://api.example.org (without /v1). A user:password@ in it is sent "
+        "as basic auth and never written by specgauge, but this page shows it: prefer api_key."
+    )
     api_key: SecretStr | None = Field(default=None, description="Bearer key, if the server wants one.")
     metrics_url: str | None = Field(
         default=None,

@@ -148,7 +148,11 @@ def search_stratum(spec: ExperimentSpec, corpora: dict[str, Corpus]) -> tuple[st
 
 
 def spec_digest(spec: ExperimentSpec) -> str:
-    data = spec.model_dump(mode="json")
+    from specgauge.redact import redact_data
+
+    # Secrets redacted first: the digest is written beside the redacted spec (a weak key must not be
+    # confirmable by guessing against it), and a rotated key keeps the campaign's id.
+    data = redact_data(spec.model_dump(mode="json"))
     # Fields added after specs were written, left out while unused: those specs keep their campaign ids.
     if not data["layouts"]:
         del data["layouts"]

@@ -7,6 +7,7 @@ No module here uses `from __future__ import annotations`: Prefect validates a fl
 annotations, and a served flow runs from a by-value pickle whose globals hold only the names its code uses,
 where an annotation left as a string cannot be resolved (tests/test_campaign_flow.py shows it)."""
 
-from specgauge.prefect_env import configure
+from specgauge.prefect_env import configure, redact_stored_parameters
 
 configure()
+redact_stored_parameters()  # what Prefect stores of a flow run's parameters has its secrets redacted (issue 34)

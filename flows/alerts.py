@@ -3,15 +3,21 @@ regression, a regression run that failed, a campaign whose validity checks faile
 automation that turns each into a message through a notification block the user configures (a webhook by
 default; a Slack or e-mail block works the same way: it is any Prefect notification block).
 
-`specgauge prefect alerts --webhook URL` (or `--block TYPE/NAME`) creates the automation on the server;
-`specgauge prefect deploy --alert-webhook URL` does it with the deployments."""
+`specgauge prefect alerts --webhook URL` (or `--block TYPE/NAME`, or the URL in SPECGAUGE_ALERT_WEBHOOK)
+creates the automation on the server; `specgauge prefect deploy` does it with the deployments when given
+the URL (it hands it on in the environment, never on a command line). The URL is shown as its host only
+(specgauge.redact.redact_webhook): the rest of it is the secret."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from prefect.events import emit_event
 
+ALERT_WEBHOOK_ENV = "SPECGAUGE_ALERT_WEBHOOK"
 REGRESSION_DETECTED = "specgauge.regression.detected"
 REGRESSION_FAILED = "specgauge.regression.failed"
 CAMPAIGN_INVALID = "specgauge.campaign.invalid"
@@ -55,12 +61,15 @@ def save_webhook_block(url: str) -> Any:
     `text`). Private addresses are allowed: a team's receiver is often on its own network."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
+    # The URL is the secret (Slack's and Teams' hooks carry their key in it): a masked secret of the block,
+    # put into the request by the block's template, so that the UI and the API show it masked.
     block = CustomWebhookNotificationBlock(
         name="specgauge",
-        url=url,
+        url="{{webhook_url}}",
         method="POST",
         json_data={"subject": "{{subject}}", "text": "{{body}}"},
         allow_private_urls=True,
+        secrets={"webhook_url": url},
     )
     block.save(WEBHOOK_BLOCK_NAME, overwrite=True)
     return block
@@ -98,3 +107,13 @@ def ensure_automation(block_document_id: Any) -> Any:
         ),
         actions=[SendNotification(block_document_id=block_document_id, subject=SUBJECT, body=BODY)],
     ).create()
+
+
+def alerts_command(webhook: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `specgauge prefect alerts` for `webhook`: the URL travels in the
+    environment (ALERT_WEBHOOK_ENV), since a command line is readable by every user of the machine (ps)."""
+    return [sys.executable, "-m", "cli", "prefect", "alerts"], {**env, ALERT_WEBHOOK_ENV: webhook}
+
+
+def webhook_from_environment() -> str | None:
+    return os.environ.get(ALERT_WEBHOOK_ENV) or None

@@ -8,13 +8,23 @@ What counts as secret:
 - any pydantic SecretStr (its value is never read here).
 
 Redaction keeps the shape (which option, which host) so that a reader can still tell what was configured.
+
+Where it is applied: configuration documents as they are dumped (artifacts.documents.Configuration: deployment,
+campaign, run, decision and promotion documents, the variant and engine blocks of cell metadata), the
+warehouse's rows read from older files (warehouse/kinds/deployments.py), every log handler (RedactingFilter,
+profiles/logging.yml), Prefect's stored flow parameters (specgauge.prefect_env.redact_stored_parameters),
+the CLI's `error:` line, files of commands the launchers keep (command.txt, job.sbatch, sml-command.txt), and
+webhook URLs shown (redact_webhook). Measurement data (prompts, outputs, request records) is never redacted.
+The values used at run time are not changed: only what is written or printed.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
@@ -29,10 +39,20 @@ _SECRET_VALUE = re.compile(_TOKEN_SHAPE)
 _TOKEN_IN_TEXT = re.compile(rf"(?<![A-Za-z0-9_-]){_TOKEN_SHAPE}")
 # scheme://userinfo@host: the userinfo is everything between // and the last @ before the host's end.
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s@'\"]+)@")
-# NAME=value and --name value / --name=value inside free text (log lines, error messages, commands).
-_ASSIGNMENT_IN_TEXT = re.compile(
-    r"(?P<name>(?<![A-Za-z0-9_])-{0,2}[A-Za-z_][A-Za-z0-9_-]*)(?P<sep>=|:\s*|\s+)(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;'\"]+)"
+# NAME=value, --name value / --name=value, 'name': 'value' inside free text (log lines, error messages, commands,
+# reprs of dicts). Only names holding a secret word match (whole words between '-'/'_', any case), so that a
+# match never swallows the next option: "cmd --api-key X" is the option and its value, not "cmd" and "--api-key".
+_SECRET_NAME = (
+    r"(?<![A-Za-z0-9_-])(?P<name>-{0,2}(?:[A-Za-z0-9]+[-_]+)*(?:"
+    + "|".join(sorted(_SECRET_WORDS, key=len, reverse=True))
+    + r")(?:[-_]+[A-Za-z0-9]+)*)(?![A-Za-z0-9])"
 )
+_ASSIGNMENT_IN_TEXT = re.compile(
+    _SECRET_NAME + r"(?P<quote>['\"]?)(?P<sep>\s*[=:]\s*|\s+)(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;&'\"}\])]+)",
+    re.IGNORECASE,
+)
+# An HTTP credential written out: "Authorization: Bearer X", "Basic X".
+_SCHEME_CREDENTIAL = re.compile(r"\b(?P<scheme>Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{6,}")
 
 
 def looks_secret(name: str) -> bool:
@@ -91,13 +111,16 @@ def redact_text(text: str) -> str:
     text = redact_url(text)
 
     def assignment(match: re.Match[str]) -> str:
-        if not looks_secret(match["name"]) or match["value"] == REDACTED:
-            return match[0]
-        if match["sep"].strip() == "" and not match["name"].startswith("-"):
-            return match[0]  # "api key expired": words, not an assignment
-        return f"{match['name']}{match['sep']}{REDACTED}"
+        value = match["value"].strip("'\"")
+        if value == REDACTED or value.startswith("-"):
+            return match[0]  # already redacted, or the option has no value here ("--api-key --port 1")
+        if match["sep"].strip() == "" and not (match["name"].startswith("-") and not match["quote"]):
+            return match[0]  # "api key expired", "the token is": words, not an assignment
+        quoted = match["value"][0] if match["value"][0] in "'\"" else ""
+        return f"{match['name']}{match['quote']}{match['sep']}{quoted}{REDACTED}{quoted}"
 
     text = _ASSIGNMENT_IN_TEXT.sub(assignment, text)
+    text = _SCHEME_CREDENTIAL.sub(lambda m: f"{m['scheme']} {REDACTED}", text)
     return _TOKEN_IN_TEXT.sub(REDACTED, text)
 
 
@@ -130,3 +153,42 @@ def redact_data(data: Any) -> Any:
             else [redact_data(item) for item in data]
         )
     return data
+
+
+def redact_webhook(url: str) -> str:
+    """A webhook URL as it may be shown: its scheme and host only. The rest is the secret (Slack's and Teams'
+    hooks carry their key in the path, others in the query or the userinfo)."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # not a URL at all: show nothing of it
+        return REDACTED
+    if not parts.scheme or not host:
+        return REDACTED
+    hidden = (
+        "/" + REDACTED
+        if (parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc)
+        else ""
+    )
+    return urlunsplit((parts.scheme, f"{host}{port}", hidden, "", ""))
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that passes every record, its message (arguments merged in) redacted. Put on handlers
+    (profiles/logging.yml does, for all of Prefect's): a filter on a logger misses its children's records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a bad format string: leave it to the handler to report
+            return True
+        redacted = redact_text(message)
+        if redacted != message or record.args:
+            record.msg, record.args = redacted, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            # the traceback's last line repeats the exception's message: format it now, redacted
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True

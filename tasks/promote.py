@@ -10,13 +10,12 @@ speculation config with, rendered by the launchers' own code (tasks/launch/), an
 
 Nothing that may be secret is written: the target's environment (names only, in a comment), environment
 variables of the launcher whose names look secret, and the values of options such as --api-key in the engine's
-extra arguments (replaced by REDACTED). specgauge has no redaction helper; this module keeps its own rule.
+extra arguments (replaced by REDACTED), by specgauge.redact's one rule.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from artifacts.store import atomic_dir, read_document, write_json_atomic
 from experiments.spec import ExperimentSpec, SlurmLaunchSpec, SmlLaunchSpec, TargetSpec, Variant, load_spec
 from specgauge.errors import ArtifactError, InputError
 from specgauge.provenance import tool_facts, utc_now
+from specgauge.redact import REDACTED, looks_secret, redact_args
 from specgauge.settings import Settings
 from tasks.launch.cluster import resolve_cluster
 from tasks.launch.command import ENGINE_MODULE, served_name, vllm_args
@@ -53,55 +53,10 @@ SML_COMMAND = "sml.txt"
 EXECUTABLE = (SERVE_SCRIPT, SLURM_SCRIPT)
 SERVE_HOST = "0.0.0.0"
 SERVE_PORT = 8000
-REDACTED = "REDACTED"
 # The served name's user segment: the sml launcher asks the login node (`id -un`); so does the written command.
 _LOGIN_USER = "$(id -un)"
 _PLACEHOLDER_USER = "user"  # stands for it while unique_served_name checks the other segments
 _PLACEHOLDER_ENVIRONMENT = "ENVIRONMENT.toml"
-# Name words (split at '-' and '_') that mark an option or variable as secret. Whole words only: --tokenizer
-# and --max-num-batched-tokens are not secrets.
-_SECRET_WORDS = frozenset(
-    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials", "auth"}
-)
-_SECRET_VALUE = re.compile(r"(sk-|hf_|ghp_|github_pat_|glpat-|xox[bp]-)[A-Za-z0-9_-]{16,}")
-
-
-# -- secrets -----------------------------------------------------------------------------------------------
-def looks_secret(name: str) -> bool:
-    """Whether an option (--api-key) or environment variable name (HF_TOKEN) names a secret."""
-    return any(word in _SECRET_WORDS for word in re.split(r"[-_]+", name.lstrip("-").lower()))
-
-
-def redact_args(args: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
-    """The arguments with the values of secret-looking options (--api-key X, --hf-token=X) and values that look
-    like access tokens replaced by REDACTED, and the names of what was replaced."""
-    out: list[str] = []
-    replaced: list[str] = []
-    pending: str | None = None  # a secret option whose value is the next argument
-    for arg in args:
-        if pending is not None:
-            secret, pending = pending, None
-            if not arg.startswith("--"):
-                out.append(REDACTED)
-                replaced.append(secret)
-                continue
-        name, equals, value = arg.partition("=")
-        option = arg.startswith("--")
-        if option and looks_secret(name):
-            out.append(f"{name}={REDACTED}" if equals else arg)
-            if equals:
-                replaced.append(name)
-            else:
-                pending = name
-        elif option and equals and _SECRET_VALUE.fullmatch(value):
-            out.append(f"{name}={REDACTED}")
-            replaced.append(name)
-        elif not option and _SECRET_VALUE.fullmatch(arg):
-            out.append(REDACTED)
-            replaced.append("a token-like value")
-        else:
-            out.append(arg)
-    return tuple(out), replaced
 
 
 # -- what is deployed --------------------------------------------------------------------------------------

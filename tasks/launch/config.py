@@ -44,7 +44,8 @@ class EndpointConfig(BaseModel):
     def root_url(cls, value: str) -> str:
         """The server root: the readiness check and the client add /v1/... themselves."""
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url {value!r} must start with http:// or https://")
+            # not echoed: without a scheme, a user:password@ in it is not recognisable as one
+            raise ValueError("base_url must start with http:// or https://")
         value = value.rstrip("/")
         return value.removesuffix("/v1")
 

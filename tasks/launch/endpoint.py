@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
+from pydantic import SecretStr
 
 from experiments.spec import EndpointLaunchSpec, ExperimentSpec, TargetSpec, Variant
 from specgauge.errors import InputError
@@ -31,6 +32,18 @@ def resolve_endpoint(spec: EndpointLaunchSpec, config: EndpointConfig | None = N
     if not data.get("base_url"):
         raise InputError("launcher: the endpoint launcher needs base_url (in the spec or its block)")
     return EndpointConfig.model_validate(data)
+
+
+def split_userinfo(url: str) -> tuple[str, SecretStr | None]:
+    """The URL without its `user:password@`, and that userinfo (decoded) as a secret: the deployment sends it
+    as basic auth, so that the URL it carries (into messages, files, logs) holds no password."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return clean, SecretStr(f"{unquote(user)}{colon}{unquote(password)}")
 
 
 @register
@@ -62,21 +75,24 @@ class EndpointLauncher:
     ) -> Deployment:
         """Record where the server is; start nothing. The served name is the server's, not per variant."""
         config = self.config
+        base_url, basic_auth = split_userinfo(config.base_url)
+        metrics_url, metrics_auth = split_userinfo(config.metrics_url or f"{config.base_url}/metrics")
         deployment = Deployment(
             id=deployment_id,
             launcher=self.kind,
             variant=variant,
             served_model_name=config.served_model_name or target.served_model_name or target.model,
-            base_url=config.base_url,
-            metrics_url=config.metrics_url or f"{config.base_url}/metrics",
+            base_url=base_url,
+            metrics_url=metrics_url,
             directory=directory,
             started_at=utc_now(),
             extra={
                 "block": self.spec.block,
-                "authenticated": config.api_key is not None,
-                "node": urlsplit(config.base_url).hostname,
+                "authenticated": config.api_key is not None or basic_auth is not None,
+                "node": urlsplit(base_url).hostname,
             },
             api_key=config.api_key,
+            basic_auth=basic_auth or metrics_auth,
         )
         deployment.save()
         return deployment

@@ -17,12 +17,13 @@ import psutil
 from experiments.spec import ExperimentSpec, LocalLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
 from specgauge.provenance import utc_now
+from specgauge.redact import redact_text
 from specgauge.settings import REPO_ROOT, get_settings
 from tasks.drafters.engine_side import ENGINE_SIDE_DIR
 from tasks.drafters.provenance import drafter_record
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
-from tasks.launch.command import ENGINE_MODULE, hot_swap_env, served_name, vllm_args
+from tasks.launch.command import ENGINE_MODULE, engine_api_key, hot_swap_env, served_name, vllm_args
 from tasks.launch.config import LauncherConfig, SavedSettings
 from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
 from tasks.launch.registry import register
@@ -187,7 +188,8 @@ class LocalLauncher:
             env["SPECGAUGE_OVERLAY"] = overlay.root
             overlays = overlay.provenance()
         log_path = directory / "engine.log"
-        (directory / "command.txt").write_text(" ".join(command) + "\n")
+        # the engine gets the real command; the file a person reads has its secrets redacted
+        (directory / "command.txt").write_text(redact_text(" ".join(command)) + "\n")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 command,
@@ -220,6 +222,7 @@ class LocalLauncher:
                 **{name: env[name] for name in RECORDED_ENV if name in env},
                 **({"overlays": overlays} if overlays else {}),
             },
+            api_key=engine_api_key(command, env),  # an engine given --api-key wants it on each request
         )
         ledger.record(
             deployment_id,

@@ -16,6 +16,7 @@ from typing import Any
 
 from experiments.spec import SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError
+from specgauge.redact import redact_text
 from tasks.drafters.engine_side import EXTENSION_FILE
 from tasks.launch.base import Deployment, tail
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
@@ -148,7 +149,7 @@ class SlurmLauncher(ClusterJobLauncher):
         )
         script_path = f"{run_dir}/job.sbatch"
         shell.write_text(script_path, script, mode=0o755)
-        (directory / "job.sbatch").write_text(script)
+        (directory / "job.sbatch").write_text(redact_text(script))  # the cluster's copy keeps the secrets
 
         job_id = submit(shell, script_path, cwd=run_dir)
         self._record(deployment_id, job_id, job_name=job_name, run_dir=run_dir, directory=str(directory))

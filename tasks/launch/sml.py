@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
+from specgauge.redact import redact_text
 from tasks.launch.base import Deployment
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import vllm_args
@@ -248,7 +249,7 @@ class SmlLauncher(ClusterJobLauncher):
             self.cluster, environment=environment, args=args, served=served, generation=self.generation
         )
         command = f"cd {quote(run_dir)} && {self._env_prefix()}{' '.join(quote(w) for w in words)}"
-        (directory / "sml-command.txt").write_text(" ".join(quote(w) for w in words) + "\n")
+        (directory / "sml-command.txt").write_text(redact_text(" ".join(quote(w) for w in words)) + "\n")
 
         result = shell.run(command, 300)
         if result.rc != 0:

@@ -12,6 +12,7 @@ import polars as pl
 
 from artifacts import ids, layout
 from artifacts.documents import DeploymentFacts, EngineFacts, VariantFacts, utc_datetime
+from specgauge.redact import redact_args, redact_data, redact_text, redact_url
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document, short_hash
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
@@ -27,7 +28,6 @@ _PER_DEPLOYMENT_FLAGS = (
     "--per-request-spec-decode-metrics",  # a speculative variant's measurement flag (tasks/launch/command.py)
     "--api-key",
 )
-_SECRET_FLAGS = ("--api-key",)
 
 
 class DeploymentModel(pa.DataFrameModel):
@@ -74,7 +74,9 @@ def engine_settings(
     """What must be equal for two deployments to be 'launched the same way': the engine arguments minus
     what differs per deployment (host, port, served name) or defines the variant (speculative config,
     the variant's own extra args), plus the launcher kind and its KV-cache size."""
-    args = list(command or [])
+    # redacted (documents written before redaction still hold secrets): equal settings whatever the key
+    args = list(redact_args(command or ())[0])
+    variant_extra_args = redact_args(variant_extra_args)[0]
     start = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
     args = args[start:]
     if variant_extra_args and args[-len(variant_extra_args) :] == list(variant_extra_args):
@@ -105,20 +107,8 @@ def settings_of(engine: EngineFacts | DeploymentFacts | None, variant: VariantFa
 
 
 def mask_secrets(command: Sequence[str] | None) -> list[str] | None:
-    if command is None:
-        return None
-    out, hide = [], False
-    for arg in command:
-        flag = arg.split("=", 1)[0]
-        if hide:
-            out.append("***")
-            hide = False
-        elif flag in _SECRET_FLAGS:
-            out.append(f"{flag}=***" if "=" in arg else arg)
-            hide = "=" not in arg
-        else:
-            out.append(str(arg))
-    return out
+    """The engine command as stored: secret values redacted (specgauge.redact)."""
+    return None if command is None else list(redact_args(command)[0])
 
 
 def deployment_frames(
@@ -145,7 +135,7 @@ def deployment_frames(
         "launch": parsed.launch,
         "launcher": facts.launcher,
         "served_model_name": facts.served_model_name,
-        "base_url": facts.base_url,
+        "base_url": redact_url(facts.base_url) if facts.base_url else None,
         "engine_command": mask_secrets(facts.command),
         "engine_settings": canonical_json(settings),
         "engine_key": short_hash(settings),
@@ -157,10 +147,10 @@ def deployment_frames(
         "started_utc": utc_datetime(facts.started_at or None),
         "ready_s": facts.ready_s,
         "stopped_utc": utc_datetime(facts.stopped_at),
-        "teardown": facts.teardown,
+        "teardown": redact_text(facts.teardown) if facts.teardown else None,
         "job_id": None if facts.job_id is None else str(facts.job_id),
         "pid": facts.pid,
-        "extra": None if facts.extra is None else canonical_json(facts.extra),
+        "extra": None if facts.extra is None else canonical_json(redact_data(facts.extra)),
         "source_path": source_path,
         "sha256": sha256,
     }
