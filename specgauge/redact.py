@@ -42,8 +42,9 @@ _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinf
 # NAME=value, --name value / --name=value, 'name': 'value' inside free text (log lines, error messages, commands,
 # reprs of dicts). Only names holding a secret word match (whole words between '-'/'_', any case), so that a
 # match never swallows the next option: "cmd --api-key X" is the option and its value, not "cmd" and "--api-key".
+# A name right after '/' is a file in a path ("/etc/passwd: not a spec"), not an assignment.
 _SECRET_NAME = (
-    r"(?<![A-Za-z0-9_-])(?P<name>-{0,2}(?:[A-Za-z0-9]+[-_]+)*(?:"
+    r"(?<![A-Za-z0-9_/\\-])(?P<name>-{0,2}(?:[A-Za-z0-9]+[-_]+)*(?:"
     + "|".join(sorted(_SECRET_WORDS, key=len, reverse=True))
     + r")(?:[-_]+[A-Za-z0-9]+)*)(?![A-Za-z0-9])"
 )

@@ -78,6 +78,8 @@ def _digest(value: str) -> str:
         ("the api key expired; token counts differ", "the api key expired; token counts differ"),
         ("--api-key --port 8000", "--api-key --port 8000"),  # no value here: nothing to hide
         ("mail bench@example.org", "mail bench@example.org"),
+        # a file named like a secret word is a path, not an assignment (the spec loader's errors name files)
+        ("/tmp/etc/passwd: not an experiment spec", "/tmp/etc/passwd: not an experiment spec"),
         ("", ""),
     ],
 )
