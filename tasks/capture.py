@@ -274,11 +274,10 @@ async def capture_async(
     metrics_before = await _scrape_or_none(deployment)
     started_utc, t0 = utc_now(), time.perf_counter()
     records: list[RequestRecord] = []
-    api_key = deployment.api_key.get_secret_value() if deployment.api_key else None
     async with StreamingClient(
         deployment.base_url,
         deployment.served_model_name,
-        api_key=api_key,
+        authorization=deployment.authorization(),
         timeout_s=timeout_s,
         want_token_ids=True,
         keep_text=True,

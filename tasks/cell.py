@@ -105,7 +105,7 @@ async def _measure(
         if on_record is not None:
             on_record(record)
 
-    api_key = deployment.api_key.get_secret_value() if deployment.api_key else None
+    authorization = deployment.authorization()  # Bearer api key, or Basic from the endpoint URL's userinfo
     if workers > 1:  # the streams split over worker processes, each with its own client (tasks/load/workers)
         async with GaugeSampler(
             deployment.metrics_url,
@@ -121,7 +121,7 @@ async def _measure(
                 plan,
                 sampling,
                 workers,
-                api_key=api_key,
+                authorization=authorization,
                 timeout_s=load.request_timeout_s,
                 before_measured=window.open,
                 after_measured=window.close,
@@ -133,7 +133,7 @@ async def _measure(
         StreamingClient(
             deployment.base_url,
             deployment.served_model_name,
-            api_key=api_key,
+            authorization=authorization,
             timeout_s=load.request_timeout_s,
             max_connections=plan.connections(),
         ) as client,

@@ -293,17 +293,21 @@ main(["--host", opt("--host"), "--port", opt("--port"), "--model", opt("--served
 
 
 class AuthRecorder:
-    """A real HTTP proxy in front of the emulator that counts requests carrying the expected basic-auth
-    header (the endpoint's URL password must reach the server: it is the only use of it)."""
+    """A real HTTP proxy in front of the emulator that demands the expected basic-auth header, as a server
+    behind basic auth does: requests without it (readiness, /metrics, the load's completions) get 401 and
+    are counted (the endpoint's URL password must reach the server: it is the only use of it)."""
 
     def __init__(self, upstream: str, expected: str) -> None:
         self.expected = expected
         self.authorized = 0
+        self.refused: list[str] = []
         client = httpx.AsyncClient(base_url=upstream, timeout=60)
 
         async def forward(request: Request) -> Response:
-            if request.headers.get("authorization") == expected:
-                self.authorized += 1
+            if request.headers.get("authorization") != expected:
+                self.refused.append(f"{request.method} {request.url.path}")
+                return Response("basic auth required", status_code=401)
+            self.authorized += 1
             upstream_request = client.build_request(
                 request.method,
                 request.url.path,
@@ -464,6 +468,7 @@ def test_the_canary_is_nowhere(prefect_api, emulator, engine, home, tmp_path, ob
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert proxy.authorized > 0, "the URL's password never reached the server"
+        assert not proxy.refused, f"requests without the URL's basic auth: {proxy.refused[:5]}"
         endpoint_ok = cells_ok("canary-endpoint")
         assert endpoint_ok >= 1
         seen_basic = proxy.authorized

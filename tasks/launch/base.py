@@ -85,6 +85,10 @@ class Deployment:
         data["started_at"] = facts.started_at or ""
         return cls(**data)
 
+    def authorization(self) -> str | None:
+        """The Authorization header's value for this deployment's requests (Bearer key or Basic), if any."""
+        return self.headers().get("Authorization")
+
     def headers(self) -> dict[str, str]:
         if self.api_key:
             return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"}

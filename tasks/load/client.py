@@ -223,7 +223,8 @@ class StreamingClient:
 
     One instance per cell (or longer): it keeps up to `max_connections` keep-alive connections, which
     should be at least the cell's concurrency (requests beyond it wait for a slot, counted as client
-    queue time). `api_key`, when given, goes in an `Authorization: Bearer` header and nowhere else.
+    queue time). `api_key`, when given, goes in an `Authorization: Bearer` header and nowhere else;
+    `authorization` is a whole header value instead (Basic, for an endpoint URL's user:password).
     """
 
     def __init__(
@@ -232,6 +233,7 @@ class StreamingClient:
         model: str,
         *,
         api_key: str | None = None,
+        authorization: str | None = None,
         timeout_s: float = 300,
         endpoint: Endpoint = "chat",
         max_connections: int = 256,
@@ -262,8 +264,8 @@ class StreamingClient:
             "Accept": "text/event-stream",
             "User-Agent": "specgauge",
         }
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        if api_key or authorization:
+            self._headers["Authorization"] = authorization or f"Bearer {api_key}"
         self._pool: ConnectionPool | None = None
         self._slots: asyncio.Semaphore | None = None
 

@@ -185,6 +185,7 @@ class WorkerJob:
     records_path: str
     result_path: str
     api_key: str | None = None
+    authorization: str | None = None  # a whole Authorization value (StreamingClient)
     timeout_s: float = 300.0
     endpoint: Endpoint = "chat"
     cpus: tuple[int, ...] | None = None  # pin the worker to these CPUs (benchmarks)
@@ -216,6 +217,7 @@ async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> t
         job.base_url,
         job.model,
         api_key=job.api_key,
+        authorization=job.authorization,
         timeout_s=job.timeout_s,
         endpoint=job.endpoint,
         max_connections=plan.connections(),
@@ -386,6 +388,7 @@ async def run_load_workers(
     workers: int,
     *,
     api_key: str | None = None,
+    authorization: str | None = None,
     timeout_s: float = 300.0,
     endpoint: Endpoint = "chat",
     before_measured: Hook | None = None,
@@ -419,6 +422,7 @@ async def run_load_workers(
             records_path=str(directory / f"worker-{share.worker}.records.jsonl"),
             result_path=str(directory / f"worker-{share.worker}.result.json"),
             api_key=api_key,
+            authorization=authorization,
             timeout_s=timeout_s,
             endpoint=endpoint,
             cpus=tuple(cpus[share.worker % len(cpus)]) if cpus else None,

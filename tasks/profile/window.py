@@ -218,7 +218,7 @@ def run_window(
             list(prompts),
             load_plan,
             sampling,
-            api_key=deployment.api_key.get_secret_value() if deployment.api_key else None,
+            authorization=deployment.authorization(),
             timeout_s=plan.request_timeout_s,
             before_measured=before_measured,
             after_measured=after_measured,
