@@ -11,7 +11,6 @@ refuses it first. Errors are one line each, naming the file and line; they never
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from specgauge.errors import SpecError
+from specgauge.files import read_bounded_text
 
 # A spec is a screenful of YAML; the shipped ones are under 5 KiB and nest at most 5 deep. The budgets are
 # far above any real spec (a cluster campaign with hundreds of variants) and far below harm.
@@ -45,17 +45,7 @@ def shown_key(key: object) -> str:
 def read_spec_text(path: Path) -> str:
     """The file's text, read at most MAX_SPEC_BYTES + 1 bytes (so /dev/zero or a huge file is refused, not
     read into memory); SpecError naming the file otherwise."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES >> 10} KiB: not an experiment spec")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return read_bounded_text(path, MAX_SPEC_BYTES, SpecError, "an experiment spec")
 
 
 def _yaml_error(source: str, exc: yaml.YAMLError) -> SpecError:
@@ -165,27 +155,18 @@ def _walk(node: yaml.Node, loc: Location, lines: dict[Location, int], source: st
 def spec_roots() -> list[Path]:
     """The folders a flow started from a deployment reads specs from: the repo's experiments/, HOME/specs
     (where `decide` writes its verification specs) and SPECGAUGE_SPEC_DIRS."""
+    from specgauge.flow_paths import configured_dirs
     from specgauge.settings import REPO_ROOT, get_settings
 
-    settings = get_settings()
-    extra = [Path(p).expanduser() for p in (settings.spec_dirs or "").split(os.pathsep) if p.strip()]
-    return [REPO_ROOT / "experiments", settings.home / "specs", *extra]
+    return [REPO_ROOT / "experiments", get_settings().home / "specs", *configured_dirs()]
 
 
 def check_spec_path(path: str | Path, roots: Sequence[Path] | None = None) -> Path:
     """`path` resolved (relative to the repo root, symlinks followed) when it lies under one of `roots`
     (default spec_roots()); SpecError otherwise, before the file is opened."""
-    from experiments.plan import resolve_repo_path
+    from specgauge.flow_paths import check_under
 
-    roots = spec_roots() if roots is None else roots
-    resolved = resolve_repo_path(str(path)).resolve()
-    if any(resolved.is_relative_to(root.resolve()) for root in roots):
-        return resolved
-    shown = str(path) if len(str(path)) <= 200 else str(path)[:197] + "..."
-    raise SpecError(
-        f"spec path {shown!r} is not under {', '.join(str(r) for r in roots)}: a flow run from a deployment "
-        "reads specs only from there (add a folder with SPECGAUGE_SPEC_DIRS)"
-    )
+    return check_under(path, spec_roots() if roots is None else roots, "spec path", error=SpecError)
 
 
 def flow_spec_path(path: str) -> str:

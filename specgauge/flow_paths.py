@@ -53,17 +53,22 @@ def input_roots() -> list[Path]:
     return [REPO_ROOT, *home_roots(), *configured_dirs()]
 
 
-def check_under(path: str | Path, roots: Sequence[Path], what: str) -> Path:
+def check_under(
+    path: str | Path, roots: Sequence[Path], what: str, *, error: type[InputError] = InputError
+) -> Path:
     """`path` resolved (relative to the repository, symlinks followed) when it lies under one of `roots`;
-    InputError naming the parameter otherwise, before anything opens it."""
+    `error` naming the parameter otherwise, before anything opens it."""
     from specgauge.settings import REPO_ROOT
 
     candidate = Path(path).expanduser()
-    resolved = (candidate if candidate.is_absolute() else REPO_ROOT / candidate).resolve()
+    if not candidate.is_absolute():  # found where the flows look (experiments.plan.resolve_repo_path)
+        found = [root / candidate for root in (REPO_ROOT, Path.cwd()) if (root / candidate).exists()]
+        candidate = found[0] if found else REPO_ROOT / candidate
+    resolved = candidate.resolve()
     if any(resolved.is_relative_to(root.resolve()) for root in roots):
         return resolved
     shown = str(path) if len(str(path)) <= 200 else str(path)[:197] + "..."
-    raise InputError(
+    raise error(
         f"{what} {shown!r} is not under {', '.join(str(r) for r in roots)}: a flow run from a deployment "
         "reaches only those folders (add one with SPECGAUGE_SPEC_DIRS)"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specgauge.errors import MetricsError
+from specgauge.files import read_bounded_text
 
 MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024  # 64 MiB: far above any vLLM /metrics text
 
@@ -15,17 +16,4 @@ MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024  # 64 MiB: far above any vLLM /metrics tex
 def read_snapshot(path: Path | str, limit: int = MAX_SNAPSHOT_BYTES) -> str:
     """The text of a saved /metrics snapshot; MetricsError naming the file when it cannot be read, is not
     UTF-8 text, or is longer than `limit` bytes (read no further than that)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        raise MetricsError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise MetricsError(
-            f"{path}: larger than {limit // (1024 * 1024)} MiB (read no further): not a /metrics snapshot"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MetricsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return read_bounded_text(path, limit, MetricsError, "a /metrics snapshot")
