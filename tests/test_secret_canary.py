@@ -16,20 +16,13 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
 from reliability_support import corpus, emulator_spec, write_spec
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from stand_ins.gateway import Gateway
 
 pytest_plugins = ["reliability_support"]
 
@@ -292,58 +285,6 @@ main(["--host", opt("--host"), "--port", opt("--port"), "--model", opt("--served
 """
 
 
-class AuthRecorder:
-    """A real HTTP proxy in front of the emulator that demands the expected basic-auth header, as a server
-    behind basic auth does: requests without it (readiness, /metrics, the load's completions) get 401 and
-    are counted (the endpoint's URL password must reach the server: it is the only use of it)."""
-
-    def __init__(self, upstream: str, expected: str) -> None:
-        self.expected = expected
-        self.authorized = 0
-        self.refused: list[str] = []
-        client = httpx.AsyncClient(base_url=upstream, timeout=60)
-
-        async def forward(request: Request) -> Response:
-            if request.headers.get("authorization") != expected:
-                self.refused.append(f"{request.method} {request.url.path}")
-                return Response("basic auth required", status_code=401)
-            self.authorized += 1
-            upstream_request = client.build_request(
-                request.method,
-                request.url.path,
-                params=request.query_params,
-                content=await request.body(),
-                headers={"content-type": request.headers.get("content-type", "application/json")},
-            )
-            response = await client.send(upstream_request, stream=True)
-            return StreamingResponse(
-                response.aiter_raw(),
-                status_code=response.status_code,
-                media_type=response.headers.get("content-type"),
-            )
-
-        app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> AuthRecorder:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the proxy did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -455,7 +396,9 @@ def test_the_canary_is_nowhere(prefect_api, emulator, engine, home, tmp_path, ob
     # 2. the endpoint launcher, a password in the base URL's userinfo
     basic = "Basic " + base64.b64encode(f"bench:{URL_PASSWORD}".encode()).decode()
     endpoint_target = {"model": "models/tiny-target", "served_model_name": "emulated"}
-    with AuthRecorder(emulator.url, basic) as proxy:
+    # a real server behind basic auth: requests without the URL's password (readiness, /metrics, the load)
+    # are refused and listed
+    with Gateway(emulator.url, authorization=basic, metrics=True) as proxy:
         url = f"http://bench:{URL_PASSWORD}@127.0.0.1:{proxy.port}"
         spec = emulator_spec(
             "canary-endpoint",
