@@ -666,7 +666,7 @@ class PlannedSlot(Document):
 
 
 class ImportFacts(Document):
-    """Where an imported campaign came from (warehouse.imports): the campaign was not run by specgauge but
+    """Where an imported campaign came from (tasks.imports): the campaign was not run by specgauge but
     translated from another harness's results. `source`: the study (e.g. a GitHub repository),
     `path`: the results folder read, `importer` and `importer_version`: the translation that wrote it."""
 
@@ -682,7 +682,7 @@ class CampaignRecord(Configuration):
     """campaign.json, written once by tasks.campaign.record_campaign. `variant_order`: the variants in
     launch order, one list per repeat (randomised by the spec's seed). It has no status: each finished run
     adds a RunRecord, and the warehouse derives the status from the latest (docs/warehouse.md). `imported`:
-    set only on a campaign translated from another harness's results (warehouse.imports); absent otherwise.
+    set only on a campaign translated from another harness's results (tasks.imports); absent otherwise.
     """
 
     campaign_id: Text

@@ -1,4 +1,4 @@
-"""The error of the kernel-stamp mapping (tasks/load/kernel_clock.py): how far a kernel receive stamp, moved to
+"""The error of the kernel-stamp mapping (specgauge/kernel_clock.py): how far a kernel receive stamp, moved to
 the perf_counter clock, can be from the truth.
 
 Sends one byte at a time over loopback to a `StampedReader` (uvloop) and, for every read, records the
@@ -18,7 +18,7 @@ import time
 
 import uvloop
 
-from tasks.load.kernel_clock import StampedReader
+from specgauge.kernel_clock import StampedReader
 
 
 class Recorder(asyncio.Protocol):

@@ -1,7 +1,7 @@
 """The emulator's HTTP server: raw asyncio HTTP/1.1 (httptools' parser) serving vLLM-shaped responses.
 
 Why a protocol object per connection rather than an ASGI app: control, not speed. It takes a request's
-arrival time from the kernel (tasks/load/kernel_clock.py; in `data_received`, before any handler runs,
+arrival time from the kernel (specgauge/kernel_clock.py; in `data_received`, before any handler runs,
 where it cannot), so a burst of requests read late keeps true arrival times; it schedules every chunk
 with `call_at` on absolute deadlines, and can drop a TCP connection mid-body for the `cut` fault. Measured
 with benchmarks/emulator_server_choice.py (docs/performance.md), a bare ASGI callable under uvicorn +
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 import zlib
 from collections import deque
@@ -36,7 +35,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from emulator.config import FAULTS, EmulatorConfig
-from tasks.load.kernel_clock import StampedReader
+from specgauge.kernel_clock import StampedReader, stamp_arrivals
 
 _REASONS = {
     200: "OK",
@@ -591,16 +590,10 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         # A request's arrival time is the kernel's where it can give it (plain TCP on Linux), else taken in
         # data_received, before the event loop runs any handler. Each request's schedule starts there, so
         # a burst of requests that the loop reads late still gets its true arrival times.
-        self._reader = StampedReader.attach(transport, self._received)
+        self._reader = stamp_arrivals(transport, self._received)
 
     def data_received(self, data: bytes) -> None:
         self._received(data, time.perf_counter())

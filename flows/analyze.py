@@ -15,9 +15,8 @@ from prefect.cache_policies import NO_CACHE
 from analysis.run import analyze_campaign
 from analysis.serve import report_url
 from flows.alerts import CAMPAIGN_INVALID, alert
-from flows.ingest import ensure_writer_limit
+from flows.ingest import ensure_writer_limit, only_lock_contention, writer_slot
 from specgauge.flow_paths import flow_path
-from tasks.ingest import only_lock_contention, writer_slot
 
 KEY_CHARTS = ("speedup_closed", "speedup_open", "acceptance_positions", "latency")
 """Charts shown inline in the run's summary artifact (the report has them all)."""

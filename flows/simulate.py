@@ -13,9 +13,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from analysis.simulate.campaign import simulate_campaign
-from flows.ingest import ensure_writer_limit
+from flows.ingest import ensure_writer_limit, only_lock_contention, writer_slot
 from specgauge.flow_paths import flow_path
-from tasks.ingest import only_lock_contention, writer_slot
 
 
 @task(

@@ -92,7 +92,7 @@ def _cluster_runner(cluster: str, python: str):
 
 @task(name="ingest-drafter", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 20])
 def ingest_task(path: str, db: str | None) -> str:
-    from tasks.ingest import ingest_drafter
+    from flows.ingest import ingest_drafter
 
     return ingest_drafter(Path(path), db)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from warehouse.imports.seed import import_seed
+from flows.import_reference import import_seed
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seed" / "results"
 CONFIRM = FIXTURE / "8b" / "eagle" / "confirm"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from tasks.load.kernel_clock import StampedReader
+from specgauge.kernel_clock import StampedReader
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's"),

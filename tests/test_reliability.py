@@ -331,29 +331,12 @@ def test_readiness_timeout_is_retried_torn_down_and_resumable(
 
 
 # -- cancelled through the Prefect API ------------------------------------------------------------------------
-SERVE = """
-from flows.campaign import campaign
-campaign.serve(name="reliability-cancel", limit=1)
-"""
-
-
-def _wait(condition, timeout_s: float, what: str, poll_s: float = 0.3):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
 @pytest.mark.server  # a real Prefect API
 @pytest.mark.timeout(600)
 def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
     prefect_api, standin, standin_engine, home, tmp_path, observe
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     args_file = standin_engine
@@ -365,38 +348,16 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
         tmp_path / "c.yaml", emulator_spec("rel-cancel", work, load={"requests": 80, "request_timeout_s": 30})
     )
     directory = campaign_dir(spec)
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": prefect_api,
-        "SPECGAUGE_HOME": str(home),
-        "SPECGAUGE_SPEC_DIRS": str(tmp_path),  # a deployment's run reads specs only from its spec folders
-        "SPECGAUGE_ENGINE_PYTHON": str(standin),
-        "SPECGAUGE_STANDIN_ARGS_FILE": str(args_file),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-    }
+    env = serve_env(
+        prefect_api,
+        home,
+        tmp_path,
+        SPECGAUGE_ENGINE_PYTHON=str(standin),
+        SPECGAUGE_STANDIN_ARGS_FILE=str(args_file),
+    )
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        serve = subprocess.Popen(
-            [sys.executable, "-c", SERVE],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-
-        def submitted():
-            try:
-                return run_deployment(
-                    "campaign/reliability-cancel",
-                    parameters={"spec_path": str(spec), "ingest": False, "gate": False, "analyze": False},
-                    timeout=0,
-                )
-            except Exception:  # the deployment is not registered yet
-                return None
-
-        flow_run = _wait(submitted, 120, "the served deployment")
+    with serving_campaign("reliability-cancel", env, log_path):
+        flow_run = submit_served("reliability-cancel", spec)
 
         def engine_ready() -> bool:
             with get_client(sync_client=True) as client:
@@ -414,7 +375,7 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
         # every failure here carries the serve log: a served run once failed before launching, and a bare
         # timeout hid why.
         try:
-            _wait(engine_ready, 300, "the engine to be ready")
+            poll_until(engine_ready, 300, "the engine to be ready")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; serve log:\n{log_path.read_text()[-4000:]}") from None
         engine_pgid = latest_deployment(directory)["pid"]
@@ -422,16 +383,10 @@ def test_campaign_cancelled_through_the_api_leaves_no_engine_and_resumes(
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
             cancelled_at = time.monotonic()
-            final = _wait(
+            final = poll_until(
                 lambda: (s := client.read_flow_run(flow_run.id).state) and s.is_final() and s, 90, "cancelled"
             )
             seconds = time.monotonic() - cancelled_at
-    finally:
-        serve.terminate()
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            kill_groups([serve.pid])
     leaked = wait_gone([engine_pgid])
     ledger_after = ledger_ids()
     serve_log = log_path.read_text()
@@ -536,7 +491,7 @@ def test_crash_during_the_campaigns_ingest_then_resume(prefect_api, standin, hom
     """The campaign process is SIGKILLed while its ingest holds the warehouse; the re-run completes it."""
     from warehouse_fixtures import RawBuilder, make_spec
 
-    from tasks.ingest import WRITER_SLOT_WAIT_S
+    from flows.ingest import WRITER_SLOT_WAIT_S
     from warehouse.db import reader, writer
     from warehouse.lock import holder_path
 
@@ -565,7 +520,7 @@ def test_crash_during_the_campaigns_ingest_then_resume(prefect_api, standin, hom
             )
             return holder_path(db).exists()
 
-        _wait(ingesting, 240, "the ingest to hold the warehouse", poll_s=0.02)
+        poll_until(ingesting, 240, "the ingest to hold the warehouse", poll_s=0.02)
         # Now the ingest holds the Prefect writer slot and the file lock (its note is there only then).
         time.sleep(0.3)  # into its transactions
         os.kill(proc.pid, signal.SIGKILL)
@@ -731,7 +686,7 @@ def test_a_taken_writer_slot_is_freed_only_when_no_process_writes(prefect_api, h
     from prefect.concurrency.sync import concurrency
 
     from flows.ingest import ensure_writer_limit
-    from tasks.ingest import writer_slot
+    from flows.ingest import writer_slot
     from warehouse.lock import WRITER_LIMIT_NAME
 
     db = tmp_path / "w.duckdb"
@@ -739,7 +694,7 @@ def test_a_taken_writer_slot_is_freed_only_when_no_process_writes(prefect_api, h
     marker = tmp_path / "held"
     holder = subprocess.Popen([sys.executable, "-c", HOLD_FILE_LOCK, str(db), str(marker), "4"], cwd=REPO)
     try:
-        _wait(marker.exists, 60, "the file lock holder")
+        poll_until(marker.exists, 60, "the file lock holder")
         with concurrency(WRITER_LIMIT_NAME, occupy=1):  # this slot's holder stands for a writer that died
             started = time.monotonic()
             with writer_slot(db, wait_s=1):  # a live writer holds the file lock: wait for it, then take over

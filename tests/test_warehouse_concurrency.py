@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from warehouse_fixtures import RawBuilder, make_spec
 
-from tasks.ingest import only_lock_contention, run_ingest
+from flows.ingest import only_lock_contention, run_ingest
 from warehouse.db import reader
 from warehouse.errors import WarehouseBusy
 from warehouse.ingest import ingest_raw

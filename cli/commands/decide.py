@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
         """Sign a verified decision off: write the config files a team deploys (vLLM arguments, the
         --speculative-config JSON, the spec variant, the SLURM and sml forms) under SPECGAUGE_HOME/promoted/
         and record the promotion; the nightly regression runs the promoted config from then on."""
-        from tasks.ingest import run_ingest
+        from flows.ingest import run_ingest
         from tasks.promote import promote_decision
 
         result = promote_decision(decision_id, not reject, approver, note, "cli")

@@ -1,6 +1,6 @@
 """`specgauge import seed RESULTS_DIR`: the reference study's results as an imported campaign.
 
-A thin shell over warehouse.imports.seed.import_seed; its errors (a missing folder, a campaign id taken by
+A thin shell over flows.import_reference.import_seed; its errors (a missing folder, a campaign id taken by
 a campaign that was not imported, a name from the data that cannot be a folder name, a busy warehouse or
 import target past --lock-timeout) go to the CLI's one error boundary (exit 2). A second import of the same
 campaign waits for the first, saying whom it waits for, then adds nothing.
@@ -69,8 +69,8 @@ def seed(
     db: DbOption = None,
     lock_timeout: LockTimeout = None,
 ) -> None:
+    from flows.import_reference import import_seed
     from specgauge.settings import get_settings
-    from warehouse.imports.seed import import_seed
 
     result = import_seed(
         results_dir,

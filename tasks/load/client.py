@@ -10,7 +10,7 @@
   `reasoning`), tool-call arguments, or generated token ids (a token whose text is still being held back
   by the detokenizer is still a token); a role-only chunk does not count. **E2E** ends at the last such
   chunk: the usage chunk and `[DONE]` do not move it. Times are those at which the bytes arrived: the
-  kernel's receive time (SO_TIMESTAMPNS, tasks/load/kernel_clock.py) on plain TCP on Linux, else
+  kernel's receive time (SO_TIMESTAMPNS, specgauge/kernel_clock.py) on plain TCP on Linux, else
   `time.perf_counter()` in the protocol's `data_received`, before any task switch.
 - **completion tokens** come from the usage block (`stream_options.include_usage`); a stream without one
   is a failed request (`no_usage`). **TPOT** = (E2E - TTFT) / (tokens - 1) for >= 2 tokens.

@@ -6,7 +6,7 @@ with httpx-sse sustained under 3,000 chunks per CPU-second (httpcore's pool scan
 queued request, and anyio wraps every read in a cancel scope), aiohttp about 55,000, and StreamingClient on
 this module about 90,000 with all its record keeping. A load generator that spends its CPU in its HTTP stack
 delays the very timestamps it reports, so this transport does the minimum: it writes a pre-built request,
-stamps every arrival (with the kernel's receive time where it can: tasks/load/kernel_clock.py), hands the
+stamps every arrival (with the kernel's receive time where it can: specgauge/kernel_clock.py), hands the
 bytes to the caller's sink, and keeps the connection for the next request. Parsing (status line, headers,
 chunked framing) is httptools' (llhttp, as in uvicorn).
 
@@ -16,7 +16,6 @@ Scope, on purpose: HTTP/1.1 over TCP or TLS to one origin, no proxies, no redire
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import time
 from collections import deque
@@ -26,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from tasks.load.kernel_clock import StampedReader
+from specgauge.kernel_clock import StampedReader, stamp_arrivals
 
 TransportErrorKind = Literal["connect", "timeout", "stream_cut", "protocol"]
 _perf_counter = time.perf_counter
@@ -91,15 +90,9 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         # Arrival times from the kernel where it can give them (plain TCP on Linux): a busy event loop
         # then delays when a chunk is parsed, not the time recorded for it.
-        self._reader = StampedReader.attach(transport, self._stamped)
+        self._reader = stamp_arrivals(transport, self._stamped)
 
     def data_received(self, data: bytes) -> None:
         # The transport's own reading (no kernel stamps): stamp now and parse in a callback. The event loop

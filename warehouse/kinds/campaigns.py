@@ -91,7 +91,7 @@ def campaign_frames(source_path: str, campaign_id: str, files: Files, sha256: st
         "git_revision": tool.git_revision if tool else None,
         "hostname": host.hostname if host else None,
         "host": canonical_json(host) if host else None,
-        # A campaign translated from another harness's results (warehouse.imports), and from where.
+        # A campaign translated from another harness's results (tasks.imports), and from where.
         "imported": record.imported is not None,
         "imported_from": canonical_json(record.imported) if record.imported else None,
         "source_path": source_path,

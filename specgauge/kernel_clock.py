@@ -137,3 +137,17 @@ class StampedReader:
             except (ValueError, RuntimeError):  # the loop is closing
                 pass
         self.sock.close()
+
+
+def stamp_arrivals(
+    transport: asyncio.BaseTransport, on_data: Callable[[bytes, float], None]
+) -> StampedReader | None:
+    """Set up a new connection for timed reading (call from connection_made): no Nagle delay on what it sends,
+    and every read stamped with the kernel's receive time where it can be (else None: stamp in data_received)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+    return StampedReader.attach(transport, on_data)

@@ -18,7 +18,8 @@ results/8b/eagle/confirm/<deployment>/cells/<workload>/c<N>/, ...):
 
 Each cell becomes one of our cell attempts (CellMeta, CellSummary, the two /metrics texts copied verbatim),
 each reference deployment (served model, i.e. arm and job) one DeploymentFacts, and the whole folder one
-campaign `seed-<name>` whose CampaignRecord carries `imported`. Then the normal ingest loads it.
+campaign `seed-<name>` whose CampaignRecord carries `imported`. Then the normal ingest loads it
+(flows.import_reference: this module never touches the warehouse).
 
 Speculation figures are recomputed from the two snapshots by tasks.metrics.prometheus.spec_decode_delta, as
 for our own cells. Latency figures come from requests.jsonl through tasks.metrics.summary's code when the
@@ -75,9 +76,8 @@ from artifacts.documents import (
     VariantFacts,
     WorkloadFacts,
 )
-from artifacts.store import atomic_dir, campaign_writer, read_document, write_json, write_json_atomic
+from artifacts.store import atomic_dir, read_document, write_json, write_json_atomic
 from specgauge.errors import ArtifactError, CounterReset, InputError, MetricsError
-from specgauge.locks import WaitCallback
 from specgauge.names import safe_name_problem
 from specgauge.provenance import host_facts, tool_facts, utc_stamp
 from tasks.metrics.prometheus import GENERATION_TOKENS, Snapshot, counter_delta, parse, spec_decode_delta
@@ -88,7 +88,6 @@ from tasks.metrics.summary import (
     chunk_gaps,
     distribution,
 )
-from warehouse.ingest import IngestReport, ingest_raw
 from warehouse.models import METHODS
 
 SOURCE = "github.com/swiss-ai/apertus-speculative-decoding"
@@ -240,9 +239,9 @@ class Skipped:
 
 
 @dataclass
-class SeedImport:
-    """What one `import_seed` did: cells written now, cells found already imported, what was skipped,
-    and the ingest's report (None when nothing was importable)."""
+class ReferenceTranslation:
+    """What one translation of a reference tree did: cells written now, cells found already imported, and
+    what was skipped. (flows.import_reference.SeedImport adds the ingest's report.)"""
 
     results_dir: Path
     campaign_id: str
@@ -251,7 +250,6 @@ class SeedImport:
     already: list[str] = field(default_factory=list)  # attempts an earlier import wrote
     deployments: list[str] = field(default_factory=list)  # deployment ids written by this import
     skipped: list[Skipped] = field(default_factory=list)
-    ingest: IngestReport | None = None
 
     @property
     def damaged(self) -> list[Skipped]:
@@ -263,13 +261,10 @@ class SeedImport:
 
     @property
     def exit_code(self) -> int:
-        """0: imported, nothing damaged; 1: something damaged or quarantined (the rest imported);
-        2: nothing importable found."""
+        """0: imported, nothing damaged; 1: something damaged (the rest imported); 2: nothing importable."""
         if not self.importable:
             return 2
-        if self.damaged or (self.ingest is not None and not self.ingest.ok):
-            return 1
-        return 0
+        return 1 if self.damaged else 0
 
 
 class _Damaged(Exception):
@@ -840,42 +835,27 @@ def campaign_id_for(results_dir: Path, campaign: str | None) -> str:
 # ------------------------------------------------------------------------------------------ entry point
 
 
-def import_seed(
-    results_dir: Path,
-    raw_dir: Path,
-    warehouse: Path | None,
-    campaign: str | None = None,
-    *,
-    lock_timeout_s: float | None = None,
-    on_wait: WaitCallback | None = None,
-) -> SeedImport:
-    """Translate the reference results under `results_dir` into RAW/seed-<name>/ under `raw_dir`, then
-    ingest that campaign into `warehouse` (None: the settings' warehouse). Returns what was written, what
-    was already there and what was skipped (damaged files flagged). Raises ArtifactError when the folder
-    is missing or the campaign id belongs to a campaign that was not imported, InputError when a name from
-    the data cannot be a folder name. Another import of the same campaign running: waits for it (up to
-    `lock_timeout_s`, None: as long as it takes; `on_wait` hears why), as for the warehouse's lock."""
-    results_dir = Path(results_dir)
-    if not results_dir.is_dir():
-        raise ArtifactError(f"{results_dir}: no such results folder")
-    campaign_id = campaign_id_for(results_dir, campaign)
-    directory = layout.campaign_dir(Path(raw_dir), campaign_id)
-    result = SeedImport(results_dir=results_dir, campaign_id=campaign_id, campaign_dir=directory)
-
-    cell_dirs, loose = _walk(results_dir)
+def read_reference(result: ReferenceTranslation) -> list[_ReferenceCell]:
+    """The cells under the folder `result.results_dir` that can be imported; what cannot goes to
+    `result.skipped`. Raises InputError when a name from the data cannot be a folder name (before anything
+    is written)."""
+    cell_dirs, loose = _walk(result.results_dir)
     result.skipped += [_classify_loose(path) for path in loose]
-    cells = [c for d in cell_dirs if (c := _read_cell(d, results_dir, result.skipped)) is not None]
-    if not cells:
-        return result
-    # One writer of this target: a second import of it waits here, then finds every cell already written.
-    with campaign_writer(directory, timeout_s=lock_timeout_s, on_wait=on_wait):
-        _write_campaign(result, directory, campaign_id, results_dir, cells)
-        result.ingest = ingest_raw(directory, warehouse, lock_timeout_s=lock_timeout_s, on_wait=on_wait)
-    return result
+    return [c for d in cell_dirs if (c := _read_cell(d, result.results_dir, result.skipped)) is not None]
+
+
+def write_reference(result: ReferenceTranslation, cells: list[_ReferenceCell]) -> None:
+    """The raw documents of `cells` not written yet, into `result.campaign_dir` (the caller holds the
+    campaign's writer lock: artifacts.store.campaign_writer)."""
+    _write_campaign(result, result.campaign_dir, result.campaign_id, result.results_dir, cells)
 
 
 def _write_campaign(
-    result: SeedImport, directory: Path, campaign_id: str, results_dir: Path, cells: list[_ReferenceCell]
+    result: ReferenceTranslation,
+    directory: Path,
+    campaign_id: str,
+    results_dir: Path,
+    cells: list[_ReferenceCell],
 ) -> None:
     """The raw documents of the imported cells not written yet (the caller holds the campaign's lock)."""
     _ensure_campaign(directory, _campaign_record(campaign_id, results_dir.resolve(), cells))
@@ -930,4 +910,4 @@ def _record_run(directory: Path, campaign_id: str, failed: dict[str, str]) -> No
     write_json_atomic(path, record)
 
 
-__all__ = ["SeedImport", "Skipped", "campaign_id_for", "import_seed"]
+__all__ = ["ReferenceTranslation", "Skipped", "campaign_id_for", "read_reference", "write_reference"]
