@@ -15,7 +15,7 @@ help:
 	@echo "make demo   set up, then run the decision loop on the embedded engine's cost twin: sweep, recommend,"
 	@echo "            verify the schedule by a launch, and print the speculation config to deploy"
 	@echo "make test   set up (venvs, system packages, services), then run the whole test suite"
-	@echo "make lint   ruff"
+	@echo "make lint   ruff, and the import contracts of docs/design.md's floors (lint-imports)"
 
 # The two venvs are independent and pip installs on one core: built side by side (make -j2) on 2 cores.
 venvs:
@@ -63,6 +63,7 @@ test: venvs twin services
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean-var:
 	rm -rf var

@@ -13,25 +13,34 @@ is lossless, whatever the head).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 
+from experiments.spec import load_spec
+from specgauge.settings import get_settings
+from tasks.drafters.swap import serving_drafter_sha256, swap_head
+from tasks.health import wait_ready
+from tasks.launch.local import LocalLauncher
+from tasks.metrics.prometheus import scrape, spec_decode_delta
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from hot_swap_heads import BASE_HEAD, derive_head  # noqa: E402
 
-from experiments.spec import load_spec  # noqa: E402
-from specgauge.settings import get_settings  # noqa: E402
-from tasks.drafters.swap import serving_drafter_sha256, swap_head  # noqa: E402
-from tasks.health import wait_ready  # noqa: E402
-from tasks.launch.local import LocalLauncher  # noqa: E402
-from tasks.metrics.prometheus import scrape, spec_decode_delta  # noqa: E402
+def _hot_swap_heads() -> ModuleType:
+    """tests/hot_swap_heads.py (the heads the hot-swap tests derive), loaded from its file: tests/ is not a
+    package the app's venv installs."""
+    spec = importlib.util.spec_from_file_location("hot_swap_heads", REPO / "tests" / "hot_swap_heads.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 SPEC = REPO / "tests" / "data" / "specs" / "hot_swap.yaml"
 PROMPTS = [
@@ -72,7 +81,8 @@ def main() -> None:
     spec = load_spec(SPEC)
     variant = next(v for v in spec.variants if v.hot_swap)
     work = Path(tempfile.mkdtemp(prefix="hot-swap-bench-"))
-    other = derive_head(get_settings().engine_python, work / "permuted", "permute_lm_head")
+    heads = _hot_swap_heads()
+    other = heads.derive_head(get_settings().engine_python, work / "permuted", "permute_lm_head")
     launcher = LocalLauncher(spec.launcher)
     deployment = launcher.launch(
         spec.target, variant, deployment_id="bench.hot-swap", directory=work / "engine"
@@ -88,7 +98,7 @@ def main() -> None:
         print(f"original head: {accepted}/{drafted} draft tokens accepted")
         times: list[float] = []
         for i in range(args.rounds):
-            for head in (other, BASE_HEAD):
+            for head in (other, heads.BASE_HEAD):
                 record = swap_head(deployment, head)
                 times.append(record.seconds)
                 outputs, accepted, drafted = greedy(deployment, PROMPTS)

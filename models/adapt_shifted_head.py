@@ -18,7 +18,7 @@ machine with torch and transformers (the workplace's GPU machine has no room for
 
 Writes OUT/<tag>/ per configuration (the head folder vLLM loads, with training.json) and OUT/chosen.txt.
 
-    python models/adapt_shifted_head.py --stdlib /path/to/python3.11 --out /tmp/adapted --device cuda
+    python -m models.adapt_shifted_head --stdlib /path/to/python3.11 --out /tmp/adapted --device cuda
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ import sys
 import time
 from pathlib import Path
 
+from models import train as corpus
+from models import train_eagle3 as te
+from tasks.drafters import head_worker
+from workloads import build_corpora  # the shifted stratum's files, windows and held-out rule
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "models"))
-sys.path.insert(0, str(REPO / "tasks" / "drafters"))
-sys.path.insert(0, str(REPO / "workloads"))
-
-import build_corpora  # noqa: E402  (the shifted stratum's files, windows and held-out rule)
-import head_worker  # noqa: E402
-import train as corpus  # noqa: E402
-import train_eagle3 as te  # noqa: E402
-
 TARGET = REPO / "models" / "tiny-target"
 PARENT = REPO / "models" / "tiny-eagle3"
 EXTRA_OFFSETS = (325, 650, 975)
