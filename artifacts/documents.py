@@ -268,7 +268,7 @@ class DrafterSwap(Document):
 
 
 class DrafterFacts(Document):
-    """The drafter a deployment serves (tasks.drafters.provenance.drafter_record): the method, the path as
+    """The drafter a deployment serves (specgauge.checkpoints.drafter_record): the method, the path as
     the spec gave it, the sha256 over its weights and config.json (`drafter_digest`), and its training card's
     facts when it has one. Two campaigns whose drafters differ in `sha256` are never pooled. After a hot
     swap `path`, `sha256` and `card` are the head now serving and `swaps` lists every swap in order (the
@@ -1018,7 +1018,7 @@ class ClientCalibrationDocument(Document):
 
 class HeadFacts(Document):
     """One drafter head of an adaptation: `label` old | new, the path it was loaded from, its content hash
-    (tasks.drafters.provenance.drafter_digest) and, for a drafter artifact, its id."""
+    (specgauge.checkpoints.drafter_digest) and, for a drafter artifact, its id."""
 
     label: Text
     path: Text
@@ -1242,7 +1242,7 @@ class DrafterCard(Document):
     method: Text  # eagle3
     mode: Literal["finetune", "scratch"]
     target_path: Text
-    target_sha256: Text  # tasks.drafters.provenance.drafter_digest of the target's weights and config
+    target_sha256: Text  # specgauge.checkpoints.drafter_digest of the target's weights and config
     parent_path: Text | None = None
     parent_sha256: Text | None = None
     aux_layers: list[int]

@@ -20,14 +20,11 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-import httpx
-
 from experiments.spec import load_spec
 from specgauge.settings import get_settings
 from tasks.drafters.swap import serving_drafter_sha256, swap_head
 from tasks.health import wait_ready
 from tasks.launch.local import LocalLauncher
-from tasks.metrics.prometheus import scrape, spec_decode_delta
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,33 +40,7 @@ def _hot_swap_heads() -> ModuleType:
 
 
 SPEC = REPO / "tests" / "data" / "specs" / "hot_swap.yaml"
-PROMPTS = [
-    "def fibonacci(n):",
-    "import os\n\ndef list_files(path):",
-    "class Stack:\n    def __init__(self):",
-]
-
-
-def greedy(deployment, prompts: list[str], max_tokens: int = 32) -> tuple[list[list[int]], int, int]:
-    """Token ids of each greedy completion, and the accepted / drafted tokens they took."""
-    before = scrape(deployment.metrics_url)
-    outputs = []
-    for prompt in prompts:
-        response = httpx.post(
-            f"{deployment.base_url}/v1/completions",
-            json={
-                "model": deployment.served_model_name,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0.0,
-                "return_token_ids": True,
-            },
-            timeout=120,
-        )
-        response.raise_for_status()
-        outputs.append(response.json()["choices"][0]["token_ids"])
-    delta = spec_decode_delta(before, scrape(deployment.metrics_url), deployment.served_model_name)
-    return outputs, int(delta.accepted_tokens), int(delta.draft_tokens)
+HEADS = _hot_swap_heads()  # PROMPTS, greedy(), derive_head(), BASE_HEAD: the ones the tests use
 
 
 def main() -> None:
@@ -81,8 +52,7 @@ def main() -> None:
     spec = load_spec(SPEC)
     variant = next(v for v in spec.variants if v.hot_swap)
     work = Path(tempfile.mkdtemp(prefix="hot-swap-bench-"))
-    heads = _hot_swap_heads()
-    other = heads.derive_head(get_settings().engine_python, work / "permuted", "permute_lm_head")
+    other = HEADS.derive_head(get_settings().engine_python, work / "permuted", "permute_lm_head")
     launcher = LocalLauncher(spec.launcher)
     deployment = launcher.launch(
         spec.target, variant, deployment_id="bench.hot-swap", directory=work / "engine"
@@ -94,14 +64,14 @@ def main() -> None:
         print(
             f"engine ready in {time.perf_counter() - started:.1f} s; serving {serving_drafter_sha256(deployment)}"
         )
-        reference, accepted, drafted = greedy(deployment, PROMPTS)
+        reference, accepted, drafted = HEADS.greedy(deployment, HEADS.PROMPTS)
         print(f"original head: {accepted}/{drafted} draft tokens accepted")
         times: list[float] = []
         for i in range(args.rounds):
-            for head in (other, heads.BASE_HEAD):
+            for head in (other, HEADS.BASE_HEAD):
                 record = swap_head(deployment, head)
                 times.append(record.seconds)
-                outputs, accepted, drafted = greedy(deployment, PROMPTS)
+                outputs, accepted, drafted = HEADS.greedy(deployment, HEADS.PROMPTS)
                 print(
                     f"round {i}: swap to {head.name}: {record.seconds * 1000:.0f} ms; {accepted}/{drafted} "
                     f"accepted; greedy outputs identical: {outputs == reference}; engine {record.engine}"

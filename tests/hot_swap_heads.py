@@ -1,6 +1,6 @@
 """EAGLE-3 heads derived from models/tiny-eagle3 for the hot-swap tests and benchmarks/hot_swap.py: other
 weights (written by the engine's own torch and safetensors: the app's venv has no torch), other configs, and
-corrupt files."""
+corrupt files; and the greedy completions both use to see which head drafts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+
+import httpx
+
+from tasks.launch.base import Deployment
+from tasks.metrics.prometheus import scrape, spec_decode_delta
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_HEAD = REPO / "models" / "tiny-eagle3"
@@ -76,3 +81,31 @@ def reconfigured_head(dst: Path, changes: dict[str, object], src: Path = BASE_HE
     config.update(changes)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
+
+
+# Code prompts whose greedy answers the heads draft: a head that lands on wrong tokens shows in acceptance.
+PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):", "class Stack:\n    def __init__(self):"]
+
+
+def greedy(
+    deployment: Deployment, prompts: list[str], max_tokens: int = 32
+) -> tuple[list[list[int]], int, int]:
+    """Token ids of each greedy completion, and the accepted / drafted tokens they took."""
+    before = scrape(deployment.metrics_url)
+    outputs = []
+    for prompt in prompts:
+        response = httpx.post(
+            f"{deployment.base_url}/v1/completions",
+            json={
+                "model": deployment.served_model_name,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "return_token_ids": True,
+            },
+            timeout=120,
+        )
+        response.raise_for_status()
+        outputs.append(response.json()["choices"][0]["token_ids"])
+    delta = spec_decode_delta(before, scrape(deployment.metrics_url), deployment.served_model_name)
+    return outputs, int(delta.accepted_tokens), int(delta.draft_tokens)

@@ -22,24 +22,30 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 import pytest
 import yaml
 
-from experiments.plan import plan_campaign
-from experiments.spec import load_spec
+from experiments.plan import CellPlan, plan_campaign
+from experiments.spec import SLO, LoadSpec, Sampling, load_spec
 from specgauge import progress
 from specgauge.settings import get_settings
 from tasks import campaign as campaign_state
+from tasks.cell import CellOutcome, run_cell
+from tasks.launch.base import Deployment
 from tasks.launch.local import live_group_members
+from tasks.load.records import RequestRecord
+from workloads.schema import load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 OBSERVATIONS_ENV = "SPECGAUGE_RELIABILITY_OBSERVATIONS"
@@ -148,6 +154,32 @@ def emulator_spec(name: str, workload_file: Path, **changes: Any) -> dict[str, A
     return spec
 
 
+def one_prompt_cell(
+    tmp_path: Path,
+    deployment: Deployment,
+    *,
+    workload_name: str,
+    campaign_id: str,
+    load: LoadSpec,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> CellOutcome:
+    """The cell plain.r0.code.c1 of one code prompt (workload file tmp_path/workload_name), run by `run_cell`
+    against `deployment` and written under tmp_path/cells: a fault shown one level below the campaign."""
+    work = load_corpus(corpus(tmp_path / workload_name, [("ok-0", "code", "def add(a, b):", 8)]))
+    return run_cell(
+        deployment,
+        CellPlan("plain.r0.code.c1", "code", "closed", 1, None, workload_name),
+        campaign_id=campaign_id,
+        repeat=0,
+        corpus=work,
+        sampling=Sampling(max_tokens=8),
+        load=load,
+        slo=SLO(),
+        cells_dir=tmp_path / "cells",
+        on_record=on_record,
+    )
+
+
 # -- hooks into a running campaign ------------------------------------------------------------------------
 @dataclass
 class Hooks(progress.Reporter):
@@ -190,6 +222,75 @@ def prefect_api(prefect_harness: None) -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
 
     yield str(PREFECT_API_URL.value())
+
+
+Polled = TypeVar("Polled")
+
+
+def poll_until(condition: Callable[[], Polled], timeout_s: float, what: str, poll_s: float = 0.3) -> Polled:
+    """The first truthy value of condition(), asked every poll_s; AssertionError naming `what` after
+    timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def serve_env(prefect_api: str, home: Path, spec_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process serving the campaign flow on the test's API and home."""
+    return {
+        **os.environ,
+        "PREFECT_API_URL": prefect_api,
+        "SPECGAUGE_HOME": str(home),
+        "SPECGAUGE_SPEC_DIRS": str(spec_dir),  # a deployment's run reads specs only from its spec folders
+        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        **extra,
+    }
+
+
+@contextmanager
+def serving_campaign(name: str, env: dict[str, str], log_path: Path) -> Iterator[None]:
+    """The campaign flow served as deployment `campaign/<name>` (one run at a time, `flow.serve`) by a
+    process of its own session, its output in log_path; terminated on exit, its group killed after 30 s."""
+    code = f"from flows.campaign import campaign\ncampaign.serve(name={name!r}, limit=1)\n"
+    with open(log_path, "w") as log:
+        serve = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            kill_groups([serve.pid])
+
+
+def submit_served(name: str, spec_path: Path, poll_s: float = 0.3) -> Any:
+    """The flow run of `spec_path` (no ingest, gate or analysis) submitted to the served deployment
+    `campaign/<name>` as soon as it is registered (within 120 s)."""
+    from prefect.deployments import run_deployment
+
+    def submitted() -> Any:
+        try:
+            return run_deployment(
+                f"campaign/{name}",
+                parameters={"spec_path": str(spec_path), "ingest": False, "gate": False, "analyze": False},
+                timeout=0,
+            )
+        except Exception:  # the deployment is not registered yet
+            return None
+
+    return poll_until(submitted, 120, "the served deployment", poll_s)
 
 
 # -- checks ------------------------------------------------------------------------------------------------

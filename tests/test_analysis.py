@@ -242,24 +242,15 @@ def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_planted_fit_slope_and_r2_are_recovered(fit_db: Path) -> None:
     _, results = analysed(fit_db)
-    fit = row(
-        results.fits,
-        question="Q2",
-        method="draft_model",
-        predictor="acceptance_rate",
-        response="tpot_p50_speedup",
-    )
+    draft_q2 = {"question": "Q2", "method": "draft_model"}
+    fit = row(results.fits, **draft_q2, predictor="acceptance_rate", response="tpot_p50_speedup")
     assert fit["n"] == 24 and fit["n_deployments"] == 2
     assert fit["slope_low"] <= FIT_SLOPE <= fit["slope_high"], fit
     assert fit["intercept_low"] <= FIT_INTERCEPT <= fit["intercept_high"], fit
     assert not fit["slope_low"] <= 1.0 <= fit["slope_high"]  # a wrong slope is outside
     assert fit["r2"] > 0.95 and fit["p_value"] < 1e-6
     by_length = row(
-        results.fits,
-        question="Q2",
-        method="draft_model",
-        predictor="mean_acceptance_length",
-        response="throughput_speedup",
+        results.fits, **draft_q2, predictor="mean_acceptance_length", response="throughput_speedup"
     )
     assert by_length["slope"] > 0 and by_length["r2"] > 0.9
     # one depth per method: the step-time fit says why it has no slope instead of inventing one

@@ -72,7 +72,7 @@ def test_the_tiny_models_meet_their_acceptance_floors(demo_campaign: dict) -> No
 def test_the_eagle3_head_drafts_and_its_hash_reaches_every_cell(demo_campaign: dict) -> None:
     """The learned-drafter arm runs like the others: vLLM's counters move for the EAGLE-3 head's deployments,
     and every one of their cells carries the head's content hash (two heads are never pooled)."""
-    from tasks.drafters.provenance import drafter_digest
+    from specgauge.checkpoints import drafter_digest
 
     with reader() as con:
         drafted, accepted = con.execute(

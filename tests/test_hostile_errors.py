@@ -13,13 +13,13 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import typer
+from cli_support import cli_run
 from reliability_support import REPO, corpus, emulator_spec, write_spec
 from typer.testing import CliRunner
 
@@ -36,15 +36,7 @@ def _limit_memory() -> None:
 def run_cli(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SPECGAUGE_HOME": str(home)}
     env.pop("SPECGAUGE_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=_limit_memory,
-    )
+    return cli_run(env, *args, timeout=timeout, preexec_fn=_limit_memory)
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

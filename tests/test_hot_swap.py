@@ -14,20 +14,18 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from hot_swap_heads import BASE_HEAD, derive_head, reconfigured_head, truncated_head
+from hot_swap_heads import BASE_HEAD, PROMPTS, derive_head, greedy, reconfigured_head, truncated_head
 
 from artifacts.documents import CellMeta, DeploymentFacts
 from artifacts.store import read_document
 from experiments.plan import CellPlan
 from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
+from specgauge.checkpoints import drafter_digest, drafter_record
 from specgauge.errors import SpecError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT, get_settings
 from tasks.cell import run_cell
-from tasks.drafters.engine_side import ENGINE_SIDE_DIR, EXTENSION_CLASS
-from tasks.drafters.provenance import drafter_digest, drafter_record
 from tasks.drafters.swap import (
     SwapFailed,
     SwapRecord,
@@ -39,13 +37,12 @@ from tasks.drafters.swap import (
 )
 from tasks.health import wait_ready
 from tasks.launch.base import Deployment
+from tasks.launch.engine_side import ENGINE_SIDE_DIR, EXTENSION_CLASS
 from tasks.launch.local import LocalLauncher
-from tasks.metrics.prometheus import scrape, spec_decode_delta
 from workloads.schema import load_corpus
 
 SPEC = REPO_ROOT / "tests" / "data" / "specs" / "hot_swap.yaml"
 TARGET = REPO_ROOT / "models" / "tiny-target"
-PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):", "class Stack:\n    def __init__(self):"]
 
 
 def _variant() -> Variant:
@@ -231,25 +228,9 @@ def swap_engine(engines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
 
 def _greedy(deployment: Deployment) -> tuple[list[list[int]], int]:
     """Greedy token ids of PROMPTS and the draft tokens accepted while generating them."""
-    before = scrape(deployment.metrics_url)
-    outputs = []
-    for prompt in PROMPTS:
-        response = httpx.post(
-            f"{deployment.base_url}/v1/completions",
-            json={
-                "model": deployment.served_model_name,
-                "prompt": prompt,
-                "max_tokens": 32,
-                "temperature": 0.0,
-                "return_token_ids": True,
-            },
-            timeout=120,
-        )
-        response.raise_for_status()
-        outputs.append(response.json()["choices"][0]["token_ids"])
-    delta = spec_decode_delta(before, scrape(deployment.metrics_url), deployment.served_model_name)
-    assert delta.draft_tokens > 0
-    return outputs, delta.accepted_tokens
+    outputs, accepted, drafted = greedy(deployment, PROMPTS)
+    assert drafted > 0
+    return outputs, accepted
 
 
 def _cell(deployment: Deployment, tmp_path: Path, name: str) -> CellMeta:

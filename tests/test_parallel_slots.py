@@ -10,9 +10,7 @@ is all this machine holds, and the SLURM launcher's real-engine run is tests/tes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -20,10 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import corpus, kill_groups, ledger_ids, write_spec
+from reliability_support import (
+    corpus,
+    ledger_ids,
+    poll_until,
+    serve_env,
+    serving_campaign,
+    submit_served,
+    write_spec,
+)
 from stand_ins.cluster import SSHD_DIR, ensure_services, live_job_ids, squeue, ssh_config
-
-from specgauge.settings import REPO_ROOT as REPO
 
 pytest_plugins = ["reliability_support"]
 pytestmark = [pytest.mark.slurm, pytest.mark.server]
@@ -138,20 +142,7 @@ def test_two_repeat_blocks_run_at_once_each_on_one_node(
     assert ledger_ids() == []
 
 
-CANCEL_SERVE = """
-from flows.campaign import campaign
-campaign.serve(name="slots-cancel", limit=1)
-"""
-
-
-def _wait(condition, timeout_s: float, what: str, poll_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+POLL_S = 0.5  # how often the waits below ask squeue and the API
 
 
 @pytest.mark.timeout(900)
@@ -159,40 +150,12 @@ def test_a_cancelled_two_slot_campaign_leaves_no_job_behind(
     prefect_api: str, slots_cluster: str, campaign_jobs: list[str], standin: Path, tmp_path: Path, home: Path
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     spec = slots_spec(tmp_path, "slots-cancel", requests=400)  # long cells: both slots are mid-cell
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": prefect_api,
-        "SPECGAUGE_HOME": str(home),
-        "SPECGAUGE_SPEC_DIRS": str(tmp_path),  # a deployment's run reads specs only from its spec folders
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-    }
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        serve = subprocess.Popen(
-            [sys.executable, "-c", CANCEL_SERVE],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-
-        def submitted():
-            try:
-                return run_deployment(
-                    "campaign/slots-cancel",
-                    parameters={"spec_path": str(spec), "ingest": False, "gate": False, "analyze": False},
-                    timeout=0,
-                )
-            except Exception:  # the deployment is not registered yet
-                return None
-
-        flow_run = _wait(submitted, 120, "the served deployment")
+    with serving_campaign("slots-cancel", serve_env(prefect_api, home, tmp_path), log_path):
+        flow_run = submit_served("slots-cancel", spec, POLL_S)
 
         def two_jobs_running() -> list[str]:
             rows = [r for r in squeue("%i", "%j", "%T") if r[1].startswith("specgauge-slots-cancel")]
@@ -201,24 +164,21 @@ def test_a_cancelled_two_slot_campaign_leaves_no_job_behind(
             return running if len(running) >= 2 else []
 
         try:
-            running = _wait(two_jobs_running, 400, "two slots' jobs running at once")
+            running = poll_until(two_jobs_running, 400, "two slots' jobs running at once", POLL_S)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; serve log:\n{log_path.read_text()[-4000:]}") from None
         time.sleep(3)
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
-            final = _wait(
+            final = poll_until(
                 lambda: (s := client.read_flow_run(flow_run.id).state) and s.is_final() and s,
                 120,
                 "cancelled",
+                POLL_S,
             )
-    finally:
-        serve.terminate()
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            kill_groups([serve.pid])
-    left = _wait(lambda: not (set(campaign_jobs) & live_job_ids()) or None, 60, "the jobs to leave squeue")
+    left = poll_until(
+        lambda: not (set(campaign_jobs) & live_job_ids()) or None, 60, "the jobs to leave squeue", POLL_S
+    )
     serve_log = log_path.read_text()
 
     assert len(running) == 2 and left

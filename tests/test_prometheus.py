@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from metrics_support import DATA, SPEC_DELTA_KEYS
 from prometheus_client.parser import text_string_to_metric_families
 
 from specgauge.errors import CounterReset, MetricsError
@@ -31,7 +32,6 @@ from tasks.metrics.prometheus import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "tests" / "data" / "metrics"
 CLI = REPO / ".venv" / "bin" / "specgauge"
 MODEL = "tiny-draft-k3"
 
@@ -344,14 +344,7 @@ def test_cli_prints_exactly_the_six_keys() -> None:
     done = run_cli(DATA / "draft-k3.before.txt", DATA / "draft-k3.after.txt", "--model", facts["model"])
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert list(out) == [
-        "drafts",
-        "draft_tokens",
-        "accepted_tokens",
-        "acceptance_rate",
-        "mean_acceptance_length",
-        "acceptance_rate_per_position",
-    ]
+    assert list(out) == list(SPEC_DELTA_KEYS)
     assert out == spec_decode_delta(before, after, facts["model"]).to_json()
     assert len(done.stdout.strip().splitlines()) == 1
 

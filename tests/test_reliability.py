@@ -33,12 +33,16 @@ from reliability_support import (
     corpus,
     emulator_spec,
     end_state,
-    kill_groups,
     latest_deployment,
     launched_pgids,
     leaks,
     ledger_ids,
+    one_prompt_cell,
+    poll_until,
     run_records,
+    serve_env,
+    serving_campaign,
+    submit_served,
     wait_gone,
     write_spec,
 )
@@ -253,17 +257,12 @@ def test_metrics_unreachable_fails_the_cell_naming_the_url(emulator, tmp_path, o
             metrics_url=closed,
             directory=tmp_path / "dep",
         )
-        work = load_corpus(corpus(tmp_path / "u.jsonl", [("ok-0", "code", "def add(a, b):", 8)]))
-        outcome = run_cell(
+        outcome = one_prompt_cell(
+            tmp_path,
             deployment,
-            CellPlan("plain.r0.code.c1", "code", "closed", 1, None, "u.jsonl"),
+            workload_name="u.jsonl",
             campaign_id="rel-unreachable",
-            repeat=0,
-            corpus=work,
-            sampling=Sampling(max_tokens=8),
             load=LoadSpec(concurrencies=(1,), requests=4, warmup=1, gauge_interval_s=0.2),
-            slo=SLO(),
-            cells_dir=tmp_path / "cells",
         )
     summary = outcome.summary.model_dump(mode="json")
     rows = pl.read_parquet(outcome.path / "requests.parquet").height
@@ -685,8 +684,7 @@ def test_a_taken_writer_slot_is_freed_only_when_no_process_writes(prefect_api, h
     """The Prefect writer slot of a writer that died is taken back; one whose writer is alive is waited for."""
     from prefect.concurrency.sync import concurrency
 
-    from flows.ingest import ensure_writer_limit
-    from flows.ingest import writer_slot
+    from flows.ingest import ensure_writer_limit, writer_slot
     from warehouse.lock import WRITER_LIMIT_NAME
 
     db = tmp_path / "w.duckdb"

@@ -18,19 +18,16 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
-from reliability_support import corpus, ledger_ids
+from reliability_support import ledger_ids, one_prompt_cell
 from stand_ins.cluster import ensure_services, live_job_ids, ssh_config
 
-from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, SlurmLaunchSpec, TargetSpec, Variant
+from experiments.spec import LoadSpec, SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import EngineDied
-from tasks.cell import run_cell
 from tasks.health import wait_ready
 from tasks.launch.config import ClusterConfig
 from tasks.launch.local import free_port
 from tasks.launch.slurm import SlurmLauncher
 from tasks.launch.ssh import SSHError
-from workloads.schema import load_corpus
 
 pytest_plugins = ["reliability_support"]
 pytestmark = pytest.mark.slurm
@@ -86,19 +83,15 @@ def wait_no_standin(standin: Path, timeout_s: float = 30) -> list[int]:
 
 
 def a_cell(tmp_path: Path, deployment, *, requests: int, on_record=None):
-    work = load_corpus(corpus(tmp_path / "c.jsonl", [("ok-0", "code", "def add(a, b):", 8)]))
-    return run_cell(
+    load = LoadSpec(
+        concurrencies=(1,), requests=requests, warmup=1, request_timeout_s=10, gauge_interval_s=0.5
+    )
+    return one_prompt_cell(
+        tmp_path,
         deployment,
-        CellPlan("plain.r0.code.c1", "code", "closed", 1, None, "c.jsonl"),
+        workload_name="c.jsonl",
         campaign_id="rel-cluster",
-        repeat=0,
-        corpus=work,
-        sampling=Sampling(max_tokens=8),
-        load=LoadSpec(
-            concurrencies=(1,), requests=requests, warmup=1, request_timeout_s=10, gauge_interval_s=0.5
-        ),
-        slo=SLO(),
-        cells_dir=tmp_path / "cells",
+        load=load,
         on_record=on_record,
     )
 

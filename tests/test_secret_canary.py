@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import cli_run
 from reliability_support import corpus, emulator_spec, write_spec
 from stand_ins.gateway import Gateway
 
@@ -306,17 +307,6 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     get_settings.cache_clear()
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _files_holding(root: Path, needle: bytes) -> tuple[int, int, list[str]]:
     """(files read, bytes read, files holding `needle`) under root, recursively, as bytes."""
     files = size = 0
@@ -363,7 +353,7 @@ def test_the_canary_is_nowhere(prefect_api, emulator, engine, home, tmp_path, ob
     printed: list[str] = []
 
     def run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-        done = _cli({**env, **extra_env}, *args)
+        done = cli_run({**env, **extra_env}, *args, timeout=240)
         printed.extend([done.stdout, done.stderr])
         return done
 

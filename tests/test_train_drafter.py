@@ -20,7 +20,7 @@ from specgauge.errors import InputError, WorkloadError
 from specgauge.settings import REPO_ROOT
 from tasks.capture import write_capture_artifact
 from tasks.drafters.contract import check_eagle3_head
-from tasks.drafters.provenance import drafter_digest
+from specgauge.checkpoints import drafter_digest
 from tasks.drafters.training import Hyperparameters, inputs_digest
 from tasks.drafters.training_data import held_out_by_id, read_jsonl
 

@@ -11,7 +11,7 @@ import pytest
 from analysis_fixtures import PlantedBuilder, profile
 from warehouse_fixtures import make_spec
 
-from analysis.data import load_campaign
+from analysis.data import CampaignData, load_campaign
 from analysis.run import compute
 from artifacts.documents import EffectiveEngineConfig
 from experiments.plan import campaign_id_for, plan_campaign
@@ -94,6 +94,14 @@ def aa_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlantedBuilde
     return builder.build(root / "w.duckdb"), builder
 
 
+@pytest.fixture
+def aa_data(aa_db: tuple[Path, PlantedBuilder]) -> CampaignData:
+    """The A/A campaign as the analysis reads it, loaded afresh for each test (tests change it)."""
+    db, builder = aa_db
+    with reader(db) as con:
+        return load_campaign(con, builder.campaign_id)
+
+
 def test_v_speedup_never_takes_the_control_as_baseline_and_v_aa_pairs_it(aa_db) -> None:
     db, builder = aa_db
     with reader(db) as con:
@@ -111,10 +119,8 @@ def test_v_speedup_never_takes_the_control_as_baseline_and_v_aa_pairs_it(aa_db) 
     assert aa[0][3] == pytest.approx(1 / AA_SLOWER, rel=0.01)
 
 
-def test_a_planted_aa_gap_beyond_the_limit_makes_the_campaign_invalid(aa_db) -> None:
-    db, builder = aa_db
-    with reader(db) as con:
-        data = load_campaign(con, builder.campaign_id)
+def test_a_planted_aa_gap_beyond_the_limit_makes_the_campaign_invalid(aa_data: CampaignData) -> None:
+    data = aa_data
     assert "plain-aa" not in data.cells["variant"].to_list()  # analyses never see it as a variant
     results = compute(data)
     v = results.validity.row(0, named=True)
@@ -129,20 +135,16 @@ def test_a_planted_aa_gap_beyond_the_limit_makes_the_campaign_invalid(aa_db) -> 
     assert any("INVALID" in note for note in results.notes)
 
 
-def test_within_the_limit_the_same_campaign_is_valid(aa_db) -> None:
-    db, builder = aa_db
-    with reader(db) as con:
-        data = load_campaign(con, builder.campaign_id)
+def test_within_the_limit_the_same_campaign_is_valid(aa_data: CampaignData) -> None:
+    data = aa_data
     data.campaign["spec"] = {**data.spec, "validity": {"max_aa_gap": 0.05}}
     results = compute(data)
     assert results.validity["valid"][0] is True
     assert results.decisions.filter(pl.col("variant") == "ngram-k3")["wins"].to_list() == [True]
 
 
-def test_a_repeat_block_that_ran_on_two_nodes_is_named(aa_db) -> None:
-    db, builder = aa_db
-    with reader(db) as con:
-        data = load_campaign(con, builder.campaign_id)
+def test_a_repeat_block_that_ran_on_two_nodes_is_named(aa_data: CampaignData) -> None:
+    data = aa_data
     # Planted deployments carry no node: none is split. Then r1's ngram launch lands on another node.
     assert compute(data).validity["reasons"][0].count("nodes") == 0
     one_node = data.deployments.with_columns(pl.lit("nid001").alias("node"))
@@ -292,12 +294,10 @@ def test_the_validity_verdict_reads_the_aa_interval_three_ways() -> None:
     assert aa_verdict(None, limit)[0] == "inconclusive"
 
 
-def test_a_campaign_without_an_aa_arm_is_inconclusive_never_valid(aa_db) -> None:
+def test_a_campaign_without_an_aa_arm_is_inconclusive_never_valid(aa_data: CampaignData) -> None:
     from analysis.validity import is_valid, verdict_of
 
-    db, builder = aa_db
-    with reader(db) as con:
-        data = load_campaign(con, builder.campaign_id)
+    data = aa_data
     data.aa = data.aa.clear()
     results = compute(data)
     assert verdict_of(results.validity) == "inconclusive" and results.validity["valid"][0] is False
@@ -306,15 +306,11 @@ def test_a_campaign_without_an_aa_arm_is_inconclusive_never_valid(aa_db) -> None
     assert any("INCONCLUSIVE" in note for note in results.notes)
 
 
-def test_contended_cells_make_the_campaign_inconclusive_or_invalid(aa_db) -> None:
-    from analysis.data import load_campaign
+def test_contended_cells_make_the_campaign_inconclusive_or_invalid(aa_data: CampaignData) -> None:
     from analysis.run import compute
     from analysis.validity import verdict_of
-    from warehouse.db import reader
 
-    db, builder = aa_db
-    with reader(db) as con:
-        data = load_campaign(con, builder.campaign_id)
+    data = aa_data
     data.campaign["spec"] = {**data.spec, "validity": {"max_aa_gap": 0.05}}
     assert verdict_of(compute(data).validity) == "valid"  # the planted campaign, quiet
     cells = data.host_load["cell_id"].to_list()

@@ -14,7 +14,7 @@ import pytest
 from warehouse_fixtures import DATA_TABLES, REPO, RawBuilder, VariantProfile, make_spec
 
 from experiments.spec import parse_spec
-from tasks.drafters.provenance import drafter_digest
+from specgauge.checkpoints import drafter_digest
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
 from warehouse.kinds.deployments import engine_settings

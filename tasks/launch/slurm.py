@@ -17,11 +17,11 @@ from typing import Any
 from experiments.spec import SlurmLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError
 from specgauge.redact import redact_text
-from tasks.drafters.engine_side import EXTENSION_FILE
 from tasks.launch.base import Deployment, tail
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import hot_swap_env, served_name, vllm_args
 from tasks.launch.config import SAFE_NAME, ClusterConfig
+from tasks.launch.engine_side import EXTENSION_FILE
 from tasks.launch.registry import register
 from tasks.launch.slurm_jobs import JobState, submit
 from tasks.launch.slurm_script import JOB_PORT, render_prefix, render_script, with_layout_gpus

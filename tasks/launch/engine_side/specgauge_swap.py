@@ -70,7 +70,7 @@ def live_name(name: str) -> tuple[str, str | int | None] | None:
 
 
 def read_head(head_dir: str) -> tuple[str, dict[str, torch.Tensor]]:
-    """The head's `drafter_digest` (tasks/drafters/provenance.py: each *.safetensors and config.json by
+    """The head's `drafter_digest` (specgauge/checkpoints.py: each *.safetensors and config.json by
     name as name, size and bytes) and its tensors, both from one read of the files."""
     from safetensors.torch import load as load_safetensors
 
