@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from experiments.loader import load_yaml, read_spec_text, shown_key
+from experiments.methods import REGISTRY, SPECULATIVE_FIELDS, MethodRegistry
 from specgauge.errors import SpecError
 from specgauge.names import check_safe_name
 
@@ -45,16 +46,14 @@ MAX_GIB = 65_536.0
 MAX_VARIANTS = 1000  # variants once every depth list and sweep is expanded
 MAX_WORKLOADS = 256
 
-SpecMethod = Literal["none", "ngram", "draft_model", "eagle3", "suffix", "dspark", "dflash", "mtp"]
-# Which variant field names the drafter checkpoint of each method (vLLM's speculative-config `model`);
-# mtp's is optional: without one vLLM uses the target's own MTP layers.
-DRAFTER_FIELD: dict[str, str] = {
-    "draft_model": "draft_model",
-    "eagle3": "eagle_head",
-    "dspark": "draft_model",
-    "dflash": "draft_model",
-    "mtp": "draft_model",
-}
+# The spec's methods (experiments/methods.py holds what each one reads, needs and runs).
+SpecMethod = REGISTRY.choice()
+
+
+def _number(default: Any, **constraints: Any) -> Any:
+    """A number field that takes numbers only (YAML's "2" or true is a typo, not 2 or 1), with its bounds and
+    description."""
+    return Field(default, strict=True, **constraints)
 
 
 def _safe_name(value: str, what: str) -> str:
@@ -72,11 +71,11 @@ class TargetSpec(Strict):
 
     model: str = Field(description="Local path (relative to the repo root) or a hub id / cluster path.")
     served_model_name: str | None = None
-    max_model_len: int = Field(strict=True, le=MAX_TOKENS, default=2048, gt=0)
+    max_model_len: int = _number(2048, gt=0, le=MAX_TOKENS)
     dtype: str = "auto"
-    tensor_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
-    data_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
-    seed: int = Field(default=0, strict=True)
+    tensor_parallel_size: int = _number(1, gt=0, le=MAX_PARALLEL)
+    data_parallel_size: int = _number(1, gt=0, le=MAX_PARALLEL)
+    seed: int = _number(0)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     per_request_acceptance: bool = Field(
@@ -93,12 +92,12 @@ class TargetSpec(Strict):
 
 
 class Sampling(Strict):
-    temperature: float = Field(strict=True, default=0.0, ge=0)
-    top_p: float = Field(strict=True, default=1.0, gt=0, le=1)
-    top_k: int | None = Field(strict=True, ge=-1, le=MAX_TOKENS, default=None, description="None or -1: off.")
-    seed: int | None = Field(default=0, strict=True)
-    max_tokens: int | None = Field(
-        strict=True, le=MAX_TOKENS, default=None, gt=0, description="Override every prompt's max_tokens."
+    temperature: float = _number(0.0, ge=0)
+    top_p: float = _number(1.0, gt=0, le=1)
+    top_k: int | None = _number(None, ge=-1, le=MAX_TOKENS, description="None or -1: off.")
+    seed: int | None = _number(0)
+    max_tokens: int | None = _number(
+        None, gt=0, le=MAX_TOKENS, description="Override every prompt's max_tokens."
     )
     ignore_eos: bool = False
 
@@ -122,8 +121,8 @@ class Sampling(Strict):
 class Layout(Strict):
     """How the target is spread over GPUs (one entry of a campaign's `layouts`)."""
 
-    tensor_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
-    data_parallel_size: int = Field(strict=True, le=MAX_PARALLEL, default=1, gt=0)
+    tensor_parallel_size: int = _number(1, gt=0, le=MAX_PARALLEL)
+    data_parallel_size: int = _number(1, gt=0, le=MAX_PARALLEL)
 
     @property
     def tag(self) -> str:
@@ -138,19 +137,22 @@ class Variant(Strict):
     targets that have them, `dspark`, `dflash` (a drafter checkpoint at `draft_model`) and `mtp` (the
     target's multi-token-prediction layers, or a checkpoint at `draft_model`)."""
 
+    # Each method's entry: what it reads, needs and runs (a subclass with its own `method` choices may
+    # bring its own registry).
+    methods: ClassVar[MethodRegistry] = REGISTRY
+
     name: str
     method: SpecMethod = "none"
-    k: int | None = Field(strict=True, le=MAX_K, default=None, description="num_speculative_tokens (depth).")
+    k: int | None = _number(None, le=MAX_K, description="num_speculative_tokens (depth).")
     draft_model: str | None = Field(
         default=None, description="Drafter checkpoint of draft_model, dspark, dflash (and optionally mtp)."
     )
-    draft_tensor_parallel_size: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
-    prompt_lookup_min: int | None = Field(strict=True, le=MAX_LOOKUP, default=None, gt=0)
-    prompt_lookup_max: int | None = Field(strict=True, le=MAX_LOOKUP, default=None, gt=0)
+    draft_tensor_parallel_size: int | None = _number(None, gt=0, le=MAX_PARALLEL)
+    prompt_lookup_min: int | None = _number(None, gt=0, le=MAX_LOOKUP)
+    prompt_lookup_max: int | None = _number(None, gt=0, le=MAX_LOOKUP)
     eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
-    synthetic_acceptance_length: float | None = Field(
-        strict=True,
-        default=None,
+    synthetic_acceptance_length: float | None = _number(
+        None,
         description="Synthetic acceptance (vLLM's rejection_sample_method 'synthetic'): drafts are accepted at "
         "rates that give this mean acceptance length (1 to k+1) while the drafter and the verification run for "
         "real, so the cost side is measured at an acceptance you name. The embedded engine needs "
@@ -194,55 +196,26 @@ class Variant(Strict):
 
     @model_validator(mode="after")
     def consistent(self) -> Variant:
-        if self.hot_swap and self.method != "eagle3":
+        method = self.methods[self.method]
+        if self.hot_swap and not method.hot_swap:
             raise ValueError(
-                f"hot_swap: only an eagle3 variant can swap its head, not method {self.method!r}"
+                f"hot_swap: only an {self.methods.hot_swappable()} variant can swap its head, "
+                f"not method {self.method!r}"
             )
-        if self.method == "none":
-            extras = [
-                f
-                for f in (
-                    "k",
-                    "draft_model",
-                    "draft_tensor_parallel_size",
-                    "prompt_lookup_min",
-                    "prompt_lookup_max",
-                    "eagle_head",
-                    "k_schedule",
-                    "synthetic_acceptance_length",
-                )
-                if getattr(self, f) is not None
-            ]
+        if not method.speculative:
+            extras = [f for f in SPECULATIVE_FIELDS if getattr(self, f) is not None]
             if extras:
                 raise ValueError(
-                    f"method 'none' (plain) takes no speculative settings, got {', '.join(extras)}"
+                    f"method {self.method!r} (plain) takes no speculative settings, got {', '.join(extras)}"
                 )
             return self
         if self.k is None or self.k <= 0:
             raise ValueError(f"method {self.method!r} needs k (num_speculative_tokens) > 0, got {self.k}")
-        drafter_field = DRAFTER_FIELD.get(self.method)
-        if self.method == "draft_model" and not self.draft_model:
-            raise ValueError("method 'draft_model' needs draft_model (a path or hub id)")
-        if self.method == "eagle3" and not self.eagle_head:
-            raise ValueError("method 'eagle3' needs eagle_head (the EAGLE-3 head's path)")
-        if self.method in ("dspark", "dflash") and not self.draft_model:
-            raise ValueError(f"method {self.method!r} needs draft_model (the {self.method} drafter's path)")
-        # A setting the method does not read would be silently dropped from the engine's config.
-        ignored = [
-            f for f in ("draft_model", "eagle_head") if getattr(self, f) is not None and f != drafter_field
-        ]
-        if drafter_field is None and self.draft_tensor_parallel_size is not None:
-            ignored.append("draft_tensor_parallel_size")
-        if self.method != "ngram":
-            ignored += [f for f in ("prompt_lookup_min", "prompt_lookup_max") if getattr(self, f) is not None]
-        if ignored:
-            raise ValueError(f"method {self.method!r} does not take {', '.join(ignored)}")
-        if self.aa_control and self.method != "none":
+        method.check_settings(self)
+        if self.aa_control:
             raise ValueError("aa_control: only a plain variant (method: none) can be the A/A control")
-        if self.method == "ngram":
-            lo, hi = self.prompt_lookup_min or 1, self.prompt_lookup_max or 4
-            if lo > hi:
-                raise ValueError(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
+        if method.check is not None:
+            method.check(self)
         if self.k_schedule is not None:
             check_k_schedule(self.k_schedule, self.k)
         length = self.synthetic_acceptance_length
@@ -254,12 +227,12 @@ class Variant(Strict):
 
     @property
     def speculative(self) -> bool:
-        return self.method != "none"
+        return self.methods[self.method].speculative
 
     @property
     def baseline(self) -> bool:
         """Plain and not the A/A control: what speedups are taken against."""
-        return self.method == "none" and not self.aa_control
+        return not self.speculative and not self.aa_control
 
     @property
     def setting_label(self) -> str:
@@ -270,24 +243,14 @@ class Variant(Strict):
     @property
     def drafter(self) -> str | None:
         """The drafter checkpoint's path as written in the spec (None: no checkpoint, e.g. ngram)."""
-        field = DRAFTER_FIELD.get(self.method)
-        return getattr(self, field) if field else None
+        return self.methods[self.method].drafter(self)
 
     def speculative_config(self) -> dict[str, Any] | None:
         """vLLM's --speculative-config for this variant (paths as given; launchers resolve them).
         Keys are vLLM 0.32's SpeculativeConfig fields (vllm/config/speculative.py)."""
-        if self.method == "none":
+        config = self.methods[self.method].engine_config(self)
+        if config is None:
             return None
-        config: dict[str, Any] = {"num_speculative_tokens": self.k, "method": self.method}
-        if self.method == "ngram":
-            config |= {
-                "prompt_lookup_min": self.prompt_lookup_min or 1,
-                "prompt_lookup_max": self.prompt_lookup_max or 4,
-            }
-        if self.drafter:
-            config["model"] = self.drafter
-        if self.draft_tensor_parallel_size:
-            config["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
         if self.k_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.k_schedule]
         if self.synthetic_acceptance_length is not None:
@@ -335,27 +298,23 @@ class LoadSpec(Strict):
     arrival: Literal["poisson", "constant"] = "poisson"
     # The reference protocol: enough requests that every slot turns over several times at each load, and a
     # warm-up that fills every slot once. A spec's value holds at every load.
-    requests: int | None = Field(
-        strict=True,
-        le=MAX_REQUESTS,
-        default=None,
+    requests: int | None = _number(
+        None,
         gt=0,
+        le=MAX_REQUESTS,
         description="Measured requests per cell; default max(32, 4 x C) in closed loop, 32 in open loop.",
     )
-    warmup: int | None = Field(
-        strict=True,
-        le=MAX_REQUESTS,
-        default=None,
+    warmup: int | None = _number(
+        None,
         ge=0,
+        le=MAX_REQUESTS,
         description="Warm-up requests per cell, excluded; default C in closed loop, 2 in open loop.",
     )
-    time_cap_s: float = Field(strict=True, le=MAX_SECONDS, default=600.0, gt=0)
-    request_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=300.0, gt=0)
+    time_cap_s: float = _number(600.0, gt=0, le=MAX_SECONDS)
+    request_timeout_s: float = _number(300.0, gt=0, le=MAX_SECONDS)
     # Each /metrics scrape stalls vLLM's API server briefly (benchmarks/gauge_observer_effect.py): sample
     # sparingly, so the gauges do not disturb the latencies they accompany.
-    gauge_interval_s: float = Field(
-        strict=True, le=3600, default=2.0, gt=0, description="Seconds between gauge scrapes."
-    )
+    gauge_interval_s: float = _number(2.0, gt=0, le=3600, description="Seconds between gauge scrapes.")
     workers: Annotated[int, Field(strict=True, gt=0, le=MAX_PARALLEL)] | Literal["auto"] = Field(
         default=1,
         description="Client processes that share each cell's streams (tasks/load/workers.py): closed loop "
@@ -381,15 +340,12 @@ class CaptureSpec(Strict):
 
     enabled: bool = True
     corpus: str = "workloads/capture.jsonl"
-    max_tokens: int | None = Field(strict=True, le=MAX_TOKENS, default=None, gt=0)
-    limit: int | None = Field(
-        strict=True, le=MAX_REQUESTS, default=None, gt=0, description="Use the first N prompts only."
-    )
-    plain_controls: int = Field(
-        strict=True,
-        le=MAX_REPEATS,
-        default=1,
+    max_tokens: int | None = _number(None, gt=0, le=MAX_TOKENS)
+    limit: int | None = _number(None, gt=0, le=MAX_REQUESTS, description="Use the first N prompts only.")
+    plain_controls: int = _number(
+        1,
         ge=0,
+        le=MAX_REPEATS,
         description="Extra, separately launched plain deployments (cross-deployment control).",
     )
 
@@ -398,15 +354,15 @@ class ProfileSpec(Strict):
     """One short profiled window of a speculative variant (vLLM's torch profiler on the embedded engine)."""
 
     variant: str
-    concurrency: int = Field(strict=True, le=MAX_CONCURRENCY, default=2, gt=0)
-    requests: int = Field(strict=True, le=MAX_REQUESTS, default=8, gt=0)
-    warmup: int = Field(strict=True, le=MAX_REQUESTS, default=2, ge=0)
+    concurrency: int = _number(2, gt=0, le=MAX_CONCURRENCY)
+    requests: int = _number(8, gt=0, le=MAX_REQUESTS)
+    warmup: int = _number(2, ge=0, le=MAX_REQUESTS)
     stratum: str | None = Field(default=None, description="Workload stratum to profile; default all prompts.")
 
 
 class SLO(Strict):
-    ttft_p99_s: float = Field(strict=True, le=MAX_SECONDS, default=2.0, gt=0)
-    tpot_p99_s: float = Field(strict=True, le=MAX_SECONDS, default=0.2, gt=0)
+    ttft_p99_s: float = _number(2.0, gt=0, le=MAX_SECONDS)
+    tpot_p99_s: float = _number(0.2, gt=0, le=MAX_SECONDS)
 
 
 class CapacitySpec(Strict):
@@ -420,38 +376,26 @@ class CapacitySpec(Strict):
     variants: tuple[str, ...] | None = Field(
         default=None, description="Variants searched; default every variant (synthetic ones excepted)."
     )
-    start_rps: float = Field(strict=True, le=MAX_RATE, default=1.0, gt=0)
-    min_rps: float = Field(strict=True, le=MAX_RATE, default=0.05, gt=0)
-    max_rps: float = Field(strict=True, le=MAX_RATE, default=256.0, gt=0)
-    growth: float = Field(
-        strict=True,
-        le=1000,
-        default=2.0,
-        gt=1,
-        description="Ramp factor between points until the bracket closes.",
+    start_rps: float = _number(1.0, gt=0, le=MAX_RATE)
+    min_rps: float = _number(0.05, gt=0, le=MAX_RATE)
+    max_rps: float = _number(256.0, gt=0, le=MAX_RATE)
+    growth: float = _number(
+        2.0, gt=1, le=1000, description="Ramp factor between points until the bracket closes."
     )
-    precision: float = Field(
-        strict=True,
-        default=0.1,
+    precision: float = _number(
+        0.1, gt=0, description="Stop when the first failing rate is within 1+precision of the capacity."
+    )
+    max_points: int = _number(10, gt=0, le=1000)
+    quantile: float = _number(0.99, gt=0, lt=1, description="The quantile the slo limits bound.")
+    confidence: float = _number(0.95, gt=0, lt=1, description="Of each point's verdict (one-sided).")
+    requests: int | None = _number(
+        None,
         gt=0,
-        description="Stop when the first failing rate is within 1+precision of the capacity.",
-    )
-    max_points: int = Field(strict=True, le=1000, default=10, gt=0)
-    quantile: float = Field(
-        strict=True, default=0.99, gt=0, lt=1, description="The quantile the slo limits bound."
-    )
-    confidence: float = Field(
-        strict=True, default=0.95, gt=0, lt=1, description="Of each point's verdict (one-sided)."
-    )
-    requests: int | None = Field(
-        strict=True,
         le=MAX_REQUESTS,
-        default=None,
-        gt=0,
         description="Measured requests per point; default the fewest that bound the quantile at the confidence "
         "(299 for p99 at 95%). Fewer leave every point undecided, which counts as not meeting the limits.",
     )
-    warmup: int = Field(strict=True, le=MAX_REQUESTS, default=2, ge=0)
+    warmup: int = _number(2, ge=0, le=MAX_REQUESTS)
 
     @model_validator(mode="after")
     def rates_in_order(self) -> CapacitySpec:
@@ -472,22 +416,17 @@ class ValiditySpec(Strict):
         "order): its throughput against the first plain arm is the campaign's A/A gap. On by default: without "
         "it the gap is unknown and the campaign's validity can only be inconclusive.",
     )
-    max_aa_gap: float = Field(
-        strict=True,
-        default=0.015,
-        gt=0,
-        description="Invalid when the A/A gap |control / plain - 1| is larger.",
+    max_aa_gap: float = _number(
+        0.015, gt=0, description="Invalid when the A/A gap |control / plain - 1| is larger."
     )
-    max_repeat_spread: float = Field(
-        strict=True,
-        default=0.10,
+    max_repeat_spread: float = _number(
+        0.10,
         gt=0,
         description="Invalid when plain's repeats differ by more: the median over plain cells of "
         "(max - min) / mean of their output throughput.",
     )
-    max_other_cpu_share: float = Field(
-        strict=True,
-        default=0.10,
+    max_other_cpu_share: float = _number(
+        0.10,
         gt=0,
         le=1,
         description="A cell during which other processes (not the client, its workers or a local engine) used "
@@ -499,11 +438,10 @@ class ValiditySpec(Strict):
         description="Before the first launch, measure the client's TTFT/TPOT error and send lag against the "
         "emulator on this machine at the campaign's highest concurrency (tasks/load/calibration.py).",
     )
-    calibration_requests: int = Field(
-        strict=True,
-        le=MAX_REQUESTS,
-        default=64,
+    calibration_requests: int = _number(
+        64,
         gt=0,
+        le=MAX_REQUESTS,
         description="Measured requests of the client calibration (at least the concurrency).",
     )
 
@@ -517,14 +455,13 @@ class AdaptiveRepeats(Strict):
     stratum and load) is within `target_halfwidth` on the log scale (0.05: about 5% either side of the
     speedup). The rule and its validation by simulation: docs/analysis.md, analysis/adaptive.py."""
 
-    min: int = Field(
-        strict=True,
-        le=MAX_REPEATS,
-        default=3,
+    min: int = _number(
+        3,
         ge=3,
+        le=MAX_REPEATS,
         description="Repeat blocks before the first look (>= 3: see docs/analysis.md).",
     )
-    max: int = Field(strict=True, le=MAX_REPEATS, default=8, ge=3, description="Repeat blocks at most.")
+    max: int = _number(8, ge=3, le=MAX_REPEATS, description="Repeat blocks at most.")
     target_halfwidth: float = Field(
         strict=True, gt=0, le=1, description="log(high / estimate) that every decision interval must reach."
     )
@@ -551,22 +488,19 @@ class AnalysisSpec(Strict):
 class DecisionSpec(Strict):
     """The benefit rule (analysis/decision.py): when a variant is recommended for a workload and load."""
 
-    min_effect: float = Field(
-        strict=True,
-        default=0.10,
+    min_effect: float = _number(
+        0.10,
         ge=0,
         description="The gain's interval must lie above 1 + min_effect (10%: a gain worth its operating cost).",
     )
-    guardrail: float = Field(
-        strict=True,
-        default=0.05,
+    guardrail: float = _number(
+        0.05,
         ge=0,
         description="No other workload at that load may regress by more (its gain estimate below 1 - guardrail).",
     )
-    min_success_rate: float = Field(strict=True, default=0.99, gt=0, le=1)
-    verify_repeats: int = Field(
-        strict=True,
-        default=2,
+    min_success_rate: float = _number(0.99, gt=0, le=1)
+    verify_repeats: int = _number(
+        2,
         ge=2,
         le=20,
         description="Launches of each arm (plain, the best fixed depth, the recommended schedule) when "
@@ -587,8 +521,8 @@ class LocalLaunchSpec(Strict):
         description="vLLM source overlays (patches/, `specgauge patches list`) the embedded engine runs with: "
         "built once from its own vLLM, loaded in place of the originals, recorded in the deployment.",
     )
-    kv_cache_gib: float = Field(strict=True, le=MAX_GIB, default=1.0, gt=0)
-    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=600.0, gt=0)
+    kv_cache_gib: float = _number(1.0, gt=0, le=MAX_GIB)
+    ready_timeout_s: float = _number(600.0, gt=0, le=MAX_SECONDS)
     # With vLLM's default multiprocess executor the engine core busy-waits on its one worker and, on a
     # 2-core machine, starves the API server: whole responses then arrive in one burst (TTFT = E2E).
     # The uniprocess executor runs the worker inside the engine core: one process fewer importing torch
@@ -621,7 +555,7 @@ class EndpointLaunchSpec(Strict):
     base_url: str | None = None
     metrics_url: str | None = None
     api_key: SecretStr | None = None
-    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=120.0, gt=0)
+    ready_timeout_s: float = _number(120.0, gt=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def where(self) -> EndpointLaunchSpec:
@@ -652,7 +586,7 @@ class ClusterLaunchSpec(Strict):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine.")
     overlay: str | None = Field(default=None, description="Directory written by `specgauge patches overlay`.")
-    ready_timeout_s: float = Field(strict=True, le=MAX_SECONDS, default=1800.0, gt=0)
+    ready_timeout_s: float = _number(1800.0, gt=0, le=MAX_SECONDS)
 
     @field_validator("partition", "account")
     @classmethod
@@ -671,8 +605,8 @@ class SlurmLaunchSpec(ClusterLaunchSpec):
     """One SLURM batch job per deployment (sbatch over SSH, or on the login node)."""
 
     kind: Literal["slurm"] = "slurm"
-    gpus_per_node: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
-    cpus_per_task: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
+    gpus_per_node: int | None = _number(None, gt=0, le=MAX_PARALLEL)
+    cpus_per_task: int | None = _number(None, gt=0, le=MAX_PARALLEL)
     memory: str | None = Field(default=None, description="SLURM --mem, e.g. 200G.")
     engine_command: str | None = Field(
         default=None, description="Engine command on the node, before its args."
@@ -680,7 +614,7 @@ class SlurmLaunchSpec(ClusterLaunchSpec):
     container_prefix: str | None = Field(
         default=None, description="Command prefix that enters the container ({mounts}, {environment})."
     )
-    port: int | None = Field(strict=True, default=None, gt=0, lt=65536)
+    port: int | None = _number(None, gt=0, lt=65536)
 
     @field_validator("memory")
     @classmethod
@@ -697,7 +631,7 @@ class SmlLaunchSpec(ClusterLaunchSpec):
     sml_flags: Literal["legacy", "current"] | None = Field(
         default=None, description="Flag generation of the cluster's sml (legacy: --firecrest-system ...)."
     )
-    nodes_per_replica: int | None = Field(strict=True, le=MAX_PARALLEL, default=None, gt=0)
+    nodes_per_replica: int | None = _number(None, gt=0, le=MAX_PARALLEL)
     served_org: str | None = Field(
         default=None, description="Middle segment of the served name user/org/name."
     )
@@ -924,11 +858,10 @@ class ExperimentSpec(Strict):
         description="Independently launched deployments per variant: a number, or {min, max, target_halfwidth} "
         "to stop launching once the decision's intervals are narrow enough.",
     )
-    parallel_deployments: int = Field(
-        strict=True,
-        le=MAX_PARALLEL,
-        default=1,
+    parallel_deployments: int = _number(
+        1,
         gt=0,
+        le=MAX_PARALLEL,
         description="Repeat blocks in flight at once. A block (plain and every variant of one repeat, in its "
         "recorded order) runs on one node, so each speedup is paired within a node; several blocks run on "
         "several nodes as the cluster allocates them. 1: one deployment at a time.",
@@ -945,9 +878,7 @@ class ExperimentSpec(Strict):
     validity: ValiditySpec = ValiditySpec()
     decision: DecisionSpec = DecisionSpec()
     analysis: AnalysisSpec = AnalysisSpec()
-    seed: int = Field(
-        strict=True, default=0, description="Seeds the per-repeat variant order and open-loop arrivals."
-    )
+    seed: int = _number(0, description="Seeds the per-repeat variant order and open-loop arrivals.")
 
     @field_validator("name")
     @classmethod

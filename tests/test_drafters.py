@@ -30,6 +30,7 @@ from tasks.drafters import (
     drafter_record,
     training_card,
 )
+from tasks.drafters.contract import llama_eagle3_layer
 from tasks.health import permanent_start_failure, wait_ready
 from tasks.launch import check_launchable
 from tasks.launch.local import LocalLauncher
@@ -93,19 +94,11 @@ def head_tensors(config: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]
     kv_out = config["num_key_value_heads"] * config["head_dim"]
     feeds = config.get("target_hidden_size", hidden)
     draft_vocab = config.get("draft_vocab_size") or config["vocab_size"]
+    # The layer's shapes are the contract's (models/train_eagle3.py's trained heads check them against a real
+    # head: tests/test_train_drafter.py); what each rule reads beyond them is built here.
     shapes = {
-        "midlayer.self_attn.q_proj.weight": (q_out, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": (hidden, q_out),
-        "midlayer.mlp.gate_proj.weight": (inter, hidden),
-        "midlayer.mlp.up_proj.weight": (inter, hidden),
-        "midlayer.mlp.down_proj.weight": (hidden, inter),
-        "midlayer.input_layernorm.weight": (hidden,),
-        "midlayer.hidden_norm.weight": (hidden,),
-        "midlayer.post_attention_layernorm.weight": (hidden,),
+        **llama_eagle3_layer(hidden, q_out, kv_out, inter),
         "fc.weight": (hidden, 3 * feeds),
-        "norm.weight": (hidden,),
         "lm_head.weight": (draft_vocab, hidden),
     }
     tensors = {name: rng.normal(0, 0.02, shape).astype(np.float32) for name, shape in shapes.items()}

@@ -141,15 +141,6 @@ def test_settings_a_method_does_not_read_are_refused() -> None:
     )
 
 
-def test_the_warehouse_knows_every_method_the_spec_does() -> None:
-    from typing import get_args
-
-    from experiments.spec import SpecMethod
-    from warehouse.models import METHODS
-
-    assert sorted(METHODS) == sorted(get_args(SpecMethod))
-
-
 def test_the_tests_campaign_is_the_demo_cut_down() -> None:
     """tests/data/specs/campaign.yaml (the engine tests' campaign) measures the demo's deployments: its
     target, launcher, sampling and variants are the demo's, each variant defined exactly as there; it runs

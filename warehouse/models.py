@@ -19,9 +19,10 @@ import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from artifacts.documents import StoredColumn
+from experiments.methods import REGISTRY
 
-# experiments/spec.py SpecMethod (tests/test_spec.py checks that the two agree)
-METHODS = ["none", "ngram", "draft_model", "eagle3", "suffix", "dspark", "dflash", "mtp"]
+# Every method a row may name: those a spec launches and those only imported results carry.
+METHODS = list(REGISTRY.names)
 
 
 class Strict:

@@ -34,12 +34,13 @@ from analysis.simulate.cost import (
     project,
 )
 from analysis.simulate.replay import replay
-from analysis.simulate.run import DrafterSettings, build_proposers, needs, outputs_capture, projection_frame
+from analysis.simulate.run import DrafterSettings, outputs_capture, projection_frame, proposers_for
 from analysis.simulate.shapes import PROPOSER_NAMES, Chain, Shape, ShapeError, parse_shapes
 from analysis.simulate.store import settings_key, store_simulation
 from analysis.simulate.validate import (
     PROPOSER_OF_METHOD,
     VALIDATION_SCHEMA,
+    served_chain,
     validatable,
     validate_capture,
     validation_frame,
@@ -129,19 +130,9 @@ def replay_campaign(
     except KeyError:
         known = ", ".join(i.capture.capture_id for i in inputs)
         raise ShapeError(f"--outputs {outputs}: no such capture (captures: {known})") from None
-    checks = [
-        Chain(proposers=(PROPOSER_OF_METHOD[c.method],), params=(("k", int(c.variant["k"])),)) for c in chosen
-    ]
-    names, top, steps = needs([*shapes, *checks])
-    proposers = build_proposers(
-        [r for source in [*chosen, item] for r in source.requests],
-        names,
-        settings,
-        target_dir=item.target_dir,
-        max_model_len=item.max_model_len,
-        top=top,
-        steps=steps,
-    )
+    checks = [served_chain(c.method, int(c.variant["k"])) for c in chosen]
+    requests = [r for source in [*chosen, item] for r in source.requests]
+    proposers = proposers_for(requests, [*shapes, *checks], settings, item)
     validation = (
         validation_frame([validate_capture(c, settings, None, proposers) for c in chosen])
         if chosen

@@ -40,7 +40,7 @@ import polars as pl
 from scipy.optimize import lsq_linear
 
 from analysis.simulate.shapes import Chain, Graft, Shape, Tree, Union
-from analysis.simulate.validate import PROPOSER_OF_METHOD
+from analysis.simulate.validate import PROPOSER_OF_METHOD, served_chain
 
 LOOKUP_PROPOSERS = frozenset({"ngram", "suffix"})  # one cheap pass per step, however many tokens
 BORROWED_COST = {"suffix": "ngram"}  # a proposer never served takes the cost of its kind
@@ -84,7 +84,7 @@ def drafter_passes(shape: Shape) -> dict[str, int]:
 
 def served_chain_label(method: str, k: int) -> str:
     """The shape label of a served configuration (what validation replays)."""
-    return Chain(proposers=(PROPOSER_OF_METHOD[method],), params=(("k", k),)).label
+    return served_chain(method, k).label
 
 
 # ---------------------------------------------------------------------------------------- measured points

@@ -174,38 +174,26 @@ def _sequences(prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[
     return [{"prompt": p, "output": o} for p, o in zip(prompts, outputs, strict=True)]
 
 
+def _one_model_op(
+    op: str, model_dir: Path, prompts: list[list[int]], outputs: list[list[int]], dtype: str, **params: int
+) -> dict[str, Any]:
+    """A worker op of one model over (prompt, output) sequences."""
+    request = {"op": op, "model": str(model_dir), "sequences": _sequences(prompts, outputs), "dtype": dtype}
+    return run_worker(request | params, model_dirs=[str(model_dir)])
+
+
 def greedy_tails(
     target_dir: Path, prompts: list[list[int]], outputs: list[list[int]], tokens: int, dtype: str
 ) -> list[list[int]]:
     """The target's greedy continuation of each output by `tokens` tokens."""
-    answer = run_worker(
-        {
-            "op": "continue",
-            "model": str(target_dir),
-            "sequences": _sequences(prompts, outputs),
-            "tokens": tokens,
-            "dtype": dtype,
-        },
-        model_dirs=[str(target_dir)],
-    )
-    return answer["tails"]
+    return _one_model_op("continue", target_dir, prompts, outputs, dtype, tokens=tokens)["tails"]
 
 
 def draft_ranks(
     draft_dir: Path, prompts: list[list[int]], outputs: list[list[int]], top: int, dtype: str
 ) -> list[list[list[int]]]:
     """Per sequence: ranks[i] = the draft model's top-`top` ids for output token i."""
-    answer = run_worker(
-        {
-            "op": "draft_ranks",
-            "model": str(draft_dir),
-            "sequences": _sequences(prompts, outputs),
-            "top": top,
-            "dtype": dtype,
-        },
-        model_dirs=[str(draft_dir)],
-    )
-    return answer["ranks"]
+    return _one_model_op("draft_ranks", draft_dir, prompts, outputs, dtype, top=top)["ranks"]
 
 
 def eagle_ranks(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from analysis.simulate.replay import Request, TokenTree, unknown_token
+from experiments.methods import NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN
 
 
 class Proposer(Protocol):
@@ -77,8 +78,8 @@ def ngram_proposal(context: Sequence[int], min_n: int, max_n: int, k: int, max_m
 class NgramProposer:
     """Prompt lookup with vLLM's parameters (prompt_lookup_min, prompt_lookup_max; k comes from the shape)."""
 
-    min_n: int = 1
-    max_n: int = 4
+    min_n: int = NGRAM_LOOKUP_MIN
+    max_n: int = NGRAM_LOOKUP_MAX
     max_model_len: int = 2048
     name: str = "ngram"
 

@@ -26,6 +26,7 @@ from analysis.simulate.proposers import (
 )
 from analysis.simulate.replay import RESULT_SCHEMA, ReplayResult, Request, replay
 from analysis.simulate.shapes import Shape
+from experiments.methods import NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN
 
 DEFAULT_DRAFT = "models/tiny-draft"
 DEFAULT_EAGLE = "models/tiny-eagle3"
@@ -35,8 +36,8 @@ DEFAULT_EAGLE = "models/tiny-eagle3"
 class DrafterSettings:
     """What the proposers are built with (the campaign's served values by default; see `from_campaign`)."""
 
-    ngram_min: int = 1
-    ngram_max: int = 4
+    ngram_min: int = NGRAM_LOOKUP_MIN
+    ngram_max: int = NGRAM_LOOKUP_MAX
     draft_model: str = DEFAULT_DRAFT
     eagle_head: str = DEFAULT_EAGLE
     dtype: str = "bfloat16"  # what vLLM ran the embedded models in (config dtype, --dtype auto)
@@ -48,8 +49,8 @@ class DrafterSettings:
         for item in inputs:
             v = item.variant
             if v.get("method") == "ngram":
-                found.setdefault("ngram_min", v.get("prompt_lookup_min") or 1)
-                found.setdefault("ngram_max", v.get("prompt_lookup_max") or 4)
+                found.setdefault("ngram_min", v.get("prompt_lookup_min") or NGRAM_LOOKUP_MIN)
+                found.setdefault("ngram_max", v.get("prompt_lookup_max") or NGRAM_LOOKUP_MAX)
             if v.get("draft_model"):
                 found.setdefault("draft_model", v["draft_model"])
             if v.get("eagle_head"):
@@ -104,6 +105,22 @@ def needs(shapes: Sequence[Shape]) -> tuple[set[str], int, int]:
     return names, top, steps
 
 
+def proposers_for(
+    requests: Sequence[Request], shapes: Sequence[Shape], settings: DrafterSettings, item: CaptureInput
+) -> dict[str, Proposer]:
+    """The proposers `shapes` need over `requests`, built for the target and context length of `item`."""
+    names, top, steps = needs(shapes)
+    return build_proposers(
+        requests,
+        names,
+        settings,
+        target_dir=item.target_dir,
+        max_model_len=item.max_model_len,
+        top=top,
+        steps=steps,
+    )
+
+
 def simulate_shapes(
     item: CaptureInput,
     shapes: Sequence[Shape],
@@ -112,16 +129,7 @@ def simulate_shapes(
 ) -> list[ReplayResult]:
     """Replay every shape over one capture's requests (building the proposers unless given)."""
     if proposers is None:
-        names, top, steps = needs(shapes)
-        proposers = build_proposers(
-            item.requests,
-            names,
-            settings,
-            target_dir=item.target_dir,
-            max_model_len=item.max_model_len,
-            top=top,
-            steps=steps,
-        )
+        proposers = proposers_for(item.requests, shapes, settings, item)
     return [replay(item.requests, shape.drafter(proposers), shape.label, shape.max_depth) for shape in shapes]
 
 

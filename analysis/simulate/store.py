@@ -51,17 +51,21 @@ def store_simulation(
         for table in TABLES:
             con.execute(f"DELETE FROM {table} WHERE campaign_id = ? AND settings_key = ?", [campaign_id, key])
         for table, frame in frames.items():
-            written[table] = frame.height
-            if frame.is_empty():
-                continue
-            con.register("tree_sim_frame", frame)
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM tree_sim_frame")
-        con.unregister("tree_sim_frame")
+            written[table] = _insert(con, table, frame)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
     return written
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> int:
+    """Append the frame's rows to `table`, column by name; the rows written."""
+    if not frame.is_empty():
+        con.register("tree_sim_frame", frame)
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM tree_sim_frame")
+        con.unregister("tree_sim_frame")
+    return frame.height
 
 
 @dataclass(frozen=True)

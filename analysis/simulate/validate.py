@@ -17,12 +17,18 @@ import polars as pl
 from analysis.simulate.captures import CaptureInput
 from analysis.simulate.proposers import Proposer
 from analysis.simulate.replay import Counters
-from analysis.simulate.run import DrafterSettings, build_proposers, needs, simulate_shapes
+from analysis.simulate.run import DrafterSettings, proposers_for, simulate_shapes
 from analysis.simulate.shapes import Chain
+from experiments.methods import REGISTRY
 
-# vLLM method (experiments.spec.SpecMethod) -> the proposer that mirrors it.
-PROPOSER_OF_METHOD = {"ngram": "ngram", "draft_model": "draft", "eagle3": "eagle3", "suffix": "suffix"}
+# vLLM method -> the proposer that mirrors it (each method's `proposer` in experiments/methods.py).
+PROPOSER_OF_METHOD = REGISTRY.proposers()
 TARGET_RELATIVE_ERROR = 0.05
+
+
+def served_chain(method: str, k: int) -> Chain:
+    """The shape a served configuration is: its method's proposer drafting a chain of its k."""
+    return Chain(proposers=(PROPOSER_OF_METHOD[method],), params=(("k", k),))
 
 
 @dataclass(frozen=True)
@@ -127,10 +133,8 @@ def validate_capture(
     """Replay the capture's own method as a chain of its k over `outputs`' requests (default: its own,
     which are exactly the requests vLLM's counters cover)."""
     k = int(item.variant["k"])
-    proposer = PROPOSER_OF_METHOD[item.method]
     source = outputs or item
-    shape = Chain(proposers=(proposer,), params=(("k", k),))
-    (result,) = simulate_shapes(source, [shape], settings, proposers)
+    (result,) = simulate_shapes(source, [served_chain(item.method, k)], settings, proposers)
     return Validation(
         capture_id=item.capture.capture_id,
         variant=str(item.variant.get("name")),
@@ -139,7 +143,7 @@ def validate_capture(
         requests=len(source.requests),
         served=dict(item.speculation or {}),
         simulated=result.total(),
-        exact_mirror=proposer != "suffix",
+        exact_mirror=PROPOSER_OF_METHOD[item.method] != "suffix",
     )
 
 
@@ -151,18 +155,8 @@ def validate_campaign(
     chosen = [item for item in inputs if validatable(item)]
     if not chosen:
         return []
-    shapes = [
-        Chain(proposers=(PROPOSER_OF_METHOD[i.method],), params=(("k", int(i.variant["k"])),)) for i in chosen
-    ]
-    names, top, steps = needs(shapes)
+    shapes = [served_chain(i.method, int(i.variant["k"])) for i in chosen]
     sources = [outputs or item for item in chosen]
-    proposers = build_proposers(
-        [r for source in sources for r in source.requests],
-        names,
-        settings,
-        target_dir=sources[0].target_dir,
-        max_model_len=sources[0].max_model_len,
-        top=top,
-        steps=steps,
-    )
+    requests = [r for source in sources for r in source.requests]
+    proposers = proposers_for(requests, shapes, settings, sources[0])
     return [validate_capture(item, settings, outputs, proposers) for item in chosen]

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from experiments.methods import REGISTRY
 from specgauge.errors import InputError
 
 # Head architectures vLLM 0.32 maps to an EAGLE-3 model: `_SPECULATIVE_DECODING_MODELS` in
@@ -33,13 +34,6 @@ EAGLE3_HEAD_ARCHITECTURES: dict[str, str] = {
     "Eagle3DeepseekV3ForCausalLM": "deepseek_eagle3",
 }
 
-# Target architectures (config.json `architectures[0]`, by prefix) for which vLLM 0.32 has a drafter of
-# the method: dspark drafts in qwen3_dspark.py and gemma4_dspark.py, dflash drafts in qwen3_dflash.py and
-# laguna_dflash.py (the registry above). DeepSeek-V4 and Kimi-K3 DSpark need GPU kernels: cluster only.
-METHOD_TARGET_PREFIXES: dict[str, tuple[str, ...]] = {
-    "dspark": ("Qwen3", "Gemma4"),
-    "dflash": ("Qwen3", "Laguna"),
-}
 # Target model types whose own MTP layers vLLM 0.32 can draft with (`SpeculativeConfig.hf_config_override`
 # maps each to an MTP model); `method: mtp` without a draft checkpoint needs one of these.
 MTP_TARGET_MODEL_TYPES = frozenset(
@@ -124,6 +118,24 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def llama_eagle3_layer(hidden: int, q_out: int, kv_out: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the llama_eagle3 head's one decoder layer and final norm (`q_out`, `kv_out`: attention
+    heads x head_dim). The layer reads [token embedding; fused hidden state]: 2 x hidden in."""
+    return {
+        "midlayer.self_attn.q_proj.weight": (q_out, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, q_out),
+        "midlayer.mlp.gate_proj.weight": (inter, hidden),
+        "midlayer.mlp.up_proj.weight": (inter, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, inter),
+        "midlayer.input_layernorm.weight": (hidden,),
+        "midlayer.hidden_norm.weight": (hidden,),
+        "midlayer.post_attention_layernorm.weight": (hidden,),
+        "norm.weight": (hidden,),
+    }
+
+
 def _expected_llama_eagle3_tensors(
     head: dict[str, Any], target_vocab: int, draft_vocab: int
 ) -> dict[str, tuple[int, ...] | None]:
@@ -133,19 +145,8 @@ def _expected_llama_eagle3_tensors(
     kv_heads = int(head.get("num_key_value_heads") or heads)
     head_dim = int(head.get("head_dim") or (hidden // heads if heads else 0))
     inter = int(head.get("intermediate_size") or 0)
-    # The one decoder layer reads [token embedding; fused hidden state]: 2 x hidden in.
     expected: dict[str, tuple[int, ...] | None] = {
-        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": (inter, hidden),
-        "midlayer.mlp.up_proj.weight": (inter, hidden),
-        "midlayer.mlp.down_proj.weight": (hidden, inter),
-        "midlayer.input_layernorm.weight": (hidden,),
-        "midlayer.hidden_norm.weight": (hidden,),
-        "midlayer.post_attention_layernorm.weight": (hidden,),
-        "norm.weight": (hidden,),
+        **llama_eagle3_layer(hidden, heads * head_dim, kv_heads * head_dim, inter)
     }
     eagle_config = head.get("eagle_config") if isinstance(head.get("eagle_config"), dict) else {}
     if eagle_config.get("use_aux_hidden_state", True):
@@ -260,19 +261,19 @@ def check_eagle3_head(target_dir: Path | str, head_dir: Path | str) -> None:
 
 
 def check_method_target(method: str, target_dir: Path | str) -> None:
-    """dspark and dflash need a target family vLLM has such drafters for; mtp without a draft checkpoint
-    needs a target with MTP layers. Raise InputError when the local target is not one."""
+    """dspark and dflash need a target family vLLM has such drafters for (their registry entry's
+    `target_architectures`, experiments/methods.py); mtp without a draft checkpoint needs a target with MTP
+    layers. Raise InputError when the local target is not one."""
     target = _read_config(Path(target_dir), "target")
     architectures = target.get("architectures") or []
     architecture = str(architectures[0]) if architectures else "(none)"
-    if method in METHOD_TARGET_PREFIXES:
-        prefixes = METHOD_TARGET_PREFIXES[method]
-        if not architecture.startswith(prefixes):
-            raise InputError(
-                f"method {method!r} needs a {' or '.join(prefixes)} target in vLLM 0.32; the target is "
-                f"{architecture}"
-            )
-    elif method == "mtp" and target.get("model_type") not in MTP_TARGET_MODEL_TYPES:
+    prefixes = REGISTRY[method].target_architectures
+    if prefixes and not architecture.startswith(prefixes):
+        raise InputError(
+            f"method {method!r} needs a {' or '.join(prefixes)} target in vLLM 0.32; the target is "
+            f"{architecture}"
+        )
+    if method == "mtp" and target.get("model_type") not in MTP_TARGET_MODEL_TYPES:
         raise InputError(
             f"method 'mtp' drafts with the target's own multi-token-prediction layers; the target "
             f"({architecture}, model_type {target.get('model_type')!r}) has none vLLM 0.32 knows"

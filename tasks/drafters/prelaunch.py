@@ -1,11 +1,14 @@
 """Each variant's drafter against its target, before anything launches: the spec-level half of the
-drafter contract, called by `tasks.launch.check_launchable`."""
+drafter contract, called by `tasks.launch.check_launchable`. Which check a method gets is its registry entry's
+`prelaunch` (experiments/methods.py), resolved here by name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.spec import ExperimentSpec
+from experiments.spec import ExperimentSpec, Variant
 from specgauge.errors import InputError, SpecError
 from tasks.drafters.contract import check_eagle3_head, check_method_target, check_suffix_available
 
@@ -21,11 +24,52 @@ def _local_path_or_hub_id(path: str) -> str | None:
     return None if could_be_hub_id else resolved
 
 
+def _eagle3_head(spec: ExperimentSpec, variant: Variant) -> None:
+    if not variant.eagle_head:
+        return
+    target = _local_path_or_hub_id(spec.target.model)
+    head = _local_path_or_hub_id(variant.eagle_head)
+    if head is not None and not Path(head).is_dir():
+        raise InputError(f"config: {variant.eagle_head} is not a directory (nor a hub id)")
+    if target is not None and head is not None and Path(target).is_dir():
+        check_eagle3_head(target, head)
+
+
+def _arctic_inference(spec: ExperimentSpec, variant: Variant) -> None:
+    from specgauge.settings import get_settings
+
+    check_suffix_available(get_settings().engine_python)
+
+
+def _target_family(spec: ExperimentSpec, variant: Variant) -> None:
+    target = _local_path_or_hub_id(spec.target.model)
+    if target is not None and Path(target).is_dir():
+        check_method_target(variant.method, target)
+
+
+def _target_mtp_layers(spec: ExperimentSpec, variant: Variant) -> None:
+    if not variant.draft_model:  # with a checkpoint of its own it does not draft with the target's layers
+        _target_family(spec, variant)
+
+
+@dataclass(frozen=True)
+class PrelaunchCheck:
+    field: str  # the variant field a refusal names
+    run: Callable[[ExperimentSpec, Variant], None]  # raises InputError
+
+
+# The checks a method's registry entry names (experiments.methods.Method.prelaunch).
+PRELAUNCH_CHECKS: dict[str, PrelaunchCheck] = {
+    "eagle3_head": PrelaunchCheck("eagle_head", _eagle3_head),
+    "arctic_inference": PrelaunchCheck("method", _arctic_inference),
+    "target_family": PrelaunchCheck("method", _target_family),
+    "target_mtp_layers": PrelaunchCheck("method", _target_mtp_layers),
+}
+
+
 def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
     """Each variant's drafter against its target (tasks/drafters), refused as `SOURCE: variants[i].FIELD:
     rule: message` before anything is launched. Local launcher only where a check reads files or the engine."""
-    from specgauge.settings import get_settings
-
     for i, variant in enumerate(spec.variants):
         target_tp = spec.layout_of(variant).tensor_parallel_size  # the layout it is served with
         draft_tp = variant.draft_tensor_parallel_size
@@ -36,23 +80,11 @@ def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
             )
         if spec.launcher.kind != "local":
             continue  # cluster paths and the cluster's engine are not readable from here
-        field = "method"
+        name = variant.methods[variant.method].prelaunch
+        if name is None:
+            continue
+        check = PRELAUNCH_CHECKS[name]
         try:
-            if variant.method == "eagle3" and variant.eagle_head:
-                field = "eagle_head"
-                target = _local_path_or_hub_id(spec.target.model)
-                head = _local_path_or_hub_id(variant.eagle_head)
-                if head is not None and not Path(head).is_dir():
-                    raise InputError(f"config: {variant.eagle_head} is not a directory (nor a hub id)")
-                if target is not None and head is not None and Path(target).is_dir():
-                    check_eagle3_head(target, head)
-            elif variant.method == "suffix":
-                check_suffix_available(get_settings().engine_python)
-            elif variant.method in ("dspark", "dflash") or (
-                variant.method == "mtp" and not variant.draft_model
-            ):
-                target = _local_path_or_hub_id(spec.target.model)
-                if target is not None and Path(target).is_dir():
-                    check_method_target(variant.method, target)
+            check.run(spec, variant)
         except InputError as exc:
-            raise SpecError(f"{source}: variants[{i}].{field}: {exc}") from None
+            raise SpecError(f"{source}: variants[{i}].{check.field}: {exc}") from None
