@@ -31,8 +31,8 @@ from tasks.drafters import (
     training_card,
 )
 from tasks.drafters.contract import llama_eagle3_layer
+from tasks.drafters.prelaunch import check_launchable
 from tasks.health import permanent_start_failure, wait_ready
-from tasks.launch import check_launchable
 from tasks.launch.local import LocalLauncher
 
 REPO = Path(__file__).resolve().parent.parent

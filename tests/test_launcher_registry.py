@@ -169,7 +169,8 @@ def test_the_local_path_imports_neither_paramiko_nor_prefect() -> None:
     code = (
         "import sys\n"
         "from experiments.spec import load_spec\n"
-        "from tasks.launch import check_launchable, launcher_for\n"
+        "from tasks.drafters.prelaunch import check_launchable\n"
+        "from tasks.launch import launcher_for\n"
         "spec = load_spec('experiments/demo.yaml')\n"
         "check_launchable(spec)\n"
         "launcher_for(spec)\n"

@@ -1,5 +1,5 @@
 """Each variant's drafter against its target, before anything launches: the spec-level half of the
-drafter contract, called by `tasks.launch.check_launchable`. Which check a method gets is its registry entry's
+drafter contract, called by `check_launchable` (with the launcher's own input checks). Which check a method gets is its registry entry's
 `prelaunch` (experiments/methods.py), resolved here by name."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from experiments.spec import ExperimentSpec, Variant
 from specgauge.errors import InputError, SpecError
 from tasks.drafters.contract import check_eagle3_head, check_method_target, check_suffix_available
+from tasks.launch.registry import launcher_class
 
 
 def _local_path_or_hub_id(path: str) -> str | None:
@@ -88,3 +89,12 @@ def check_drafters(spec: ExperimentSpec, source: str = "spec") -> None:
             check.run(spec, variant)
         except InputError as exc:
             raise SpecError(f"{source}: variants[{i}].{check.field}: {exc}") from None
+
+
+def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
+    """Input problems a launcher can see before anything starts, e.g. a local draft model whose vocabulary
+    is not the target's. A campaign calls this before it writes or launches anything, so bad input costs
+    no engine start and leaves no partial campaign. Raises InputError naming the input (`source`: the spec's
+    path, for messages)."""
+    check_drafters(spec, source)
+    launcher_class(spec.launcher.kind).check_inputs(spec)

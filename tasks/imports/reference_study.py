@@ -77,6 +77,7 @@ from artifacts.documents import (
     WorkloadFacts,
 )
 from artifacts.store import atomic_dir, read_document, write_json, write_json_atomic
+from experiments.methods import REGISTRY
 from specgauge.errors import ArtifactError, CounterReset, InputError, MetricsError
 from specgauge.names import safe_name_problem
 from specgauge.provenance import host_facts, tool_facts, utc_stamp
@@ -88,7 +89,6 @@ from tasks.metrics.summary import (
     chunk_gaps,
     distribution,
 )
-from warehouse.models import METHODS
 
 SOURCE = "github.com/swiss-ai/apertus-speculative-decoding"
 IMPORTER = "specgauge import seed"
@@ -423,8 +423,8 @@ def _read_cell(directory: Path, results_dir: Path, skipped: list[Skipped]) -> _R
 def _unmappable(metadata: RefMetadata) -> str | None:
     """Why a valid reference cell has no place in our tables (None: it has one)."""
     variant = metadata.variant
-    if variant.method not in METHODS:
-        return f"metadata.json variant.method {variant.method!r} is not a method specgauge knows ({', '.join(METHODS)})"
+    if variant.method not in REGISTRY.names:
+        return f"metadata.json variant.method {variant.method!r} is not a method specgauge knows ({', '.join(REGISTRY.names)})"
     if (variant.method == "none") != (variant.num_speculative_tokens is None):
         return (
             "metadata.json variant.num_speculative_tokens: plain needs none, a speculative method needs one"

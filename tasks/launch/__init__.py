@@ -10,22 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from experiments.spec import ExperimentSpec, TargetSpec, Variant
-from tasks.drafters.prelaunch import check_drafters
+from experiments.spec import TargetSpec, Variant
 from tasks.launch import ledger
 from tasks.launch.base import Deployment
 from tasks.launch.config import LauncherConfig, SavedSettings
 from tasks.launch.protocol import Launcher
 from tasks.launch.registry import launcher_class, launcher_for
-
-
-def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
-    """Input problems a launcher can see before anything starts, e.g. a local draft model whose vocabulary
-    is not the target's. A campaign calls this before it writes or launches anything, so bad input costs
-    no engine start and leaves no partial campaign. Raises InputError naming the input (`source`: the spec's
-    path, for messages)."""
-    check_drafters(spec, source)  # tasks/drafters/prelaunch.py
-    launcher_class(spec.launcher.kind).check_inputs(spec)
 
 
 def reap_leftovers(
@@ -100,7 +90,6 @@ __all__ = [
     "LauncherConfig",
     "SavedSettings",
     "check_drafters",
-    "check_launchable",
     "deployed",
     "launcher_class",
     "launcher_for",
