@@ -136,7 +136,7 @@ def run_campaign_cli(
 ) -> dict:
     from experiments.overrides import SpecOverrides, load_spec_with
     from experiments.plan import plan_campaign, resolve_repo_path
-    from tasks.launch import check_launchable
+    from tasks.drafters.prelaunch import check_launchable
 
     # Bad input (spec, overrides, corpus, label) fails here, before Prefect is even imported (7 of the 9 s a
     # refusal took on 2 cores), naming file and field; the CLI's error boundary makes it one line and exit 2.
@@ -221,207 +221,215 @@ def _listed(value: str | None, option: str, kind: type = str) -> list | None:
     return items
 
 
-def register(app: typer.Typer) -> None:
-    campaign_app = typer.Typer(help="Campaigns: plan and run experiment specs.", no_args_is_help=True)
-    app.add_typer(campaign_app, name="campaign")
+campaign_app = typer.Typer(help="Campaigns: plan and run experiment specs.", no_args_is_help=True)
 
-    @campaign_app.command("plan")
-    def plan_cmd(
-        spec: Annotated[str, typer.Argument(help="Experiment spec (YAML).")],
-        label: Annotated[str | None, typer.Option(help="Run label (a new campaign id).")] = None,
-    ) -> None:
-        """Show what a spec would launch and measure, and about how long it would take (from the
-        warehouse's past runs on the same launcher), without running anything."""
-        from experiments.plan import plan_campaign, resolve_repo_path
-        from experiments.spec import load_spec
 
-        experiment = load_spec(resolve_repo_path(spec))
-        plan = plan_campaign(experiment, label)
-        console.print(f"campaign id: {plan.campaign_id}", markup=False)
-        for line in plan_summary(plan, experiment):
-            console.print(line, markup=False)
-        for repeat, order in enumerate(plan.orders):
-            console.print(f"repeat {repeat}: variant order {', '.join(order)}", markup=False)
-        for d in plan.deployments:
-            console.print(
-                f"- {d.deployment_id} ({d.role}): {len(d.cells)} cells, captures {list(d.captures)}",
-                markup=False,
-            )
+@campaign_app.command("plan")
+def plan_cmd(
+    spec: Annotated[str, typer.Argument(help="Experiment spec (YAML).")],
+    label: Annotated[str | None, typer.Option(help="Run label (a new campaign id).")] = None,
+) -> None:
+    """Show what a spec would launch and measure, and about how long it would take (from the
+    warehouse's past runs on the same launcher), without running anything."""
+    from experiments.plan import plan_campaign, resolve_repo_path
+    from experiments.spec import load_spec
 
-    @campaign_app.command("run")
-    def run_cmd(
-        spec: Annotated[
-            str, typer.Argument(help="Experiment spec (YAML), relative to the repo root or absolute.")
-        ],
-        label: Annotated[
-            str | None, typer.Option(help="Run label: a new campaign id instead of resuming.")
-        ] = None,
-        ingest: Annotated[bool, typer.Option(help="Ingest into the warehouse afterwards.")] = True,
-        gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
-        analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
-        variants: Annotated[
-            str | None,
-            typer.Option(
-                help="Only these variants, comma-separated (e.g. draft-k3,ngram-k3); plain is kept."
-            ),
-        ] = None,
-        strata: Annotated[
-            str | None, typer.Option(help="Only these strata of the spec's workloads, comma-separated.")
-        ] = None,
-        concurrencies: Annotated[
-            str | None, typer.Option(help="Closed-loop concurrencies instead of the spec's, e.g. 1,4.")
-        ] = None,
-        repeats: Annotated[
-            int | None, typer.Option(help="Deployments per variant instead of the spec's.", min=1, max=1000)
-        ] = None,
-    ) -> None:
-        """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
-        then profile, gate, ingest and analyse. Re-running the same spec (and overrides) resumes: finished
-        cells are skipped. Bad input (spec, override, corpus, label, a draft with another vocabulary) exits
-        with code 2 before anything is written. The overrides are the run form's in the Prefect UI."""
-        from experiments.overrides import SpecOverrides
-
-        overrides = SpecOverrides.of(
-            _listed(variants, "--variants"),
-            _listed(strata, "--strata"),
-            _listed(concurrencies, "--concurrencies", int),
-            repeats,
+    experiment = load_spec(resolve_repo_path(spec))
+    plan = plan_campaign(experiment, label)
+    console.print(f"campaign id: {plan.campaign_id}", markup=False)
+    for line in plan_summary(plan, experiment):
+        console.print(line, markup=False)
+    for repeat, order in enumerate(plan.orders):
+        console.print(f"repeat {repeat}: variant order {', '.join(order)}", markup=False)
+    for d in plan.deployments:
+        console.print(
+            f"- {d.deployment_id} ({d.role}): {len(d.cells)} cells, captures {list(d.captures)}",
+            markup=False,
         )
-        result = run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
-        summary = launch_failure_summary(result)
-        if summary:  # a negative answer, not a success: scripts must not take an empty campaign for a result
-            from specgauge.redact import redact_text
 
-            typer.echo(f"error: {redact_text(summary)}", err=True)
-            raise typer.Exit(code=EXIT_NEGATIVE)
 
-    @campaign_app.command("verify-recommendation")
-    def verify_cmd(
-        campaign_id: Annotated[
-            str | None,
-            typer.Argument(help="The campaign whose recommendation to verify. Default: the latest campaign."),
-        ] = None,
-        workload: Annotated[
-            str | None, typer.Option(help="The recommendation's workload (needed when there are several).")
-        ] = None,
-    ) -> None:
-        """Launch the recommended schedule (`specgauge recommend`) beside plain and the best fixed depth, as a
-        campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
-        the launch confirmed it: `specgauge decide --campaign ID`, the same flow."""
-        from cli.commands.decide import run_decide
-        from warehouse.db import reader
+@campaign_app.command("run")
+def run_cmd(
+    spec: Annotated[
+        str, typer.Argument(help="Experiment spec (YAML), relative to the repo root or absolute.")
+    ],
+    label: Annotated[
+        str | None, typer.Option(help="Run label: a new campaign id instead of resuming.")
+    ] = None,
+    ingest: Annotated[bool, typer.Option(help="Ingest into the warehouse afterwards.")] = True,
+    gate: Annotated[bool, typer.Option(help="Run the greedy-correctness gate afterwards.")] = True,
+    analyze: Annotated[bool, typer.Option(help="Analyse and write the report afterwards.")] = True,
+    variants: Annotated[
+        str | None,
+        typer.Option(help="Only these variants, comma-separated (e.g. draft-k3,ngram-k3); plain is kept."),
+    ] = None,
+    strata: Annotated[
+        str | None, typer.Option(help="Only these strata of the spec's workloads, comma-separated.")
+    ] = None,
+    concurrencies: Annotated[
+        str | None, typer.Option(help="Closed-loop concurrencies instead of the spec's, e.g. 1,4.")
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Deployments per variant instead of the spec's.", min=1, max=1000)
+    ] = None,
+) -> None:
+    """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture, tear down;
+    then profile, gate, ingest and analyse. Re-running the same spec (and overrides) resumes: finished
+    cells are skipped. Bad input (spec, override, corpus, label, a draft with another vocabulary) exits
+    with code 2 before anything is written. The overrides are the run form's in the Prefect UI."""
+    from experiments.overrides import SpecOverrides
 
-        if campaign_id is None:
-            from analysis.data import latest_campaign_id
-
-            with reader() as con:
-                campaign_id = latest_campaign_id(con)
-        run_decide(None, campaign_id, None, workload)
-
-    server_app = typer.Typer(
-        help="The Prefect server, deployments and worker behind the UI.", no_args_is_help=True
+    overrides = SpecOverrides.of(
+        _listed(variants, "--variants"),
+        _listed(strata, "--strata"),
+        _listed(concurrencies, "--concurrencies", int),
+        repeats,
     )
-    app.add_typer(server_app, name="prefect")
+    result = run_campaign_cli(spec, label, ingest, gate, analyze, overrides)
+    summary = launch_failure_summary(result)
+    if summary:  # a negative answer, not a success: scripts must not take an empty campaign for a result
+        from specgauge.redact import redact_text
 
-    def prefect_cli(*args: str, profile: str = "server") -> subprocess.CompletedProcess:
-        env = {**os.environ, "PREFECT_PROFILE": profile}
-        return subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO_ROOT, env=env, check=False)
+        typer.echo(f"error: {redact_text(summary)}", err=True)
+        raise typer.Exit(code=EXIT_NEGATIVE)
 
-    @server_app.command("server")
-    def server_cmd(
-        port: int = typer.Option(4200, help="Port on 127.0.0.1.", min=1, max=65535),
-        reports_port: int = typer.Option(
-            REPORTS_PORT, help="Port of the report server started beside it (0: none).", min=0, max=65535
-        ),
-    ) -> None:
-        """Start the Prefect server and UI on 127.0.0.1, and the report server the runs' report links open
-        (`specgauge reports serve`), in the foreground; Ctrl-C stops both."""
-        env = {**os.environ, "PREFECT_PROFILE": "server", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-        if reports_port:  # same process group: Ctrl-C reaches it too
-            subprocess.Popen(
-                [sys.executable, "-m", "cli", "reports", "serve", "--port", str(reports_port)], cwd=REPO_ROOT
-            )
-        os.execve(sys.executable, prefect_server_argv(port), env)
 
-    @server_app.command("deploy")
-    def deploy_cmd(
-        alert_webhook: Annotated[
-            str | None,
-            typer.Option(
-                envvar="SPECGAUGE_ALERT_WEBHOOK",
-                help="Also send alerts (a regression, a failed regression run, an invalid campaign) to this "
-                "webhook: see `specgauge prefect alerts`. The URL is a secret: prefer the environment "
-                "variable to the option (a command line is visible to every user of the machine).",
-            ),
-        ] = None,
-    ) -> None:
-        """Create the process work pool and the deployments of prefect.yaml (campaign, regression, analyze)
-        on the server, register the block types, and with --alert-webhook the alerts' automation."""
-        prefect_cli("work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
-        prefect_cli("gcl", "create", "specgauge-warehouse-writer", "--limit", "1")
-        done = prefect_cli("--no-prompt", "deploy", "--all")
-        if done.returncode != 0:
-            raise typer.Exit(done.returncode)
-        env = {**os.environ, "PREFECT_PROFILE": "server"}
-        subprocess.run([sys.executable, "-m", "cli", "blocks", "register"], env=env, check=False)
-        if alert_webhook:
-            from flows.alerts import alerts_command
+@campaign_app.command("verify-recommendation")
+def verify_cmd(
+    campaign_id: Annotated[
+        str | None,
+        typer.Argument(help="The campaign whose recommendation to verify. Default: the latest campaign."),
+    ] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="The recommendation's workload (needed when there are several).")
+    ] = None,
+) -> None:
+    """Launch the recommended schedule (`specgauge recommend`) beside plain and the best fixed depth, as a
+    campaign of its own (spec under SPECGAUGE_HOME/specs/), and say per load, with intervals, whether
+    the launch confirmed it: `specgauge decide --campaign ID`, the same flow."""
+    from cli.commands.decide import run_decide
+    from warehouse.db import reader
 
-            alerts, alerts_env = alerts_command(alert_webhook, env)  # the URL in the environment, not argv
-            if subprocess.run(alerts, env=alerts_env, check=False).returncode != 0:
-                raise typer.Exit(2)
-        else:
-            console.print("no alerts: give --alert-webhook URL, or run `specgauge prefect alerts` later")
+    if campaign_id is None:
+        from analysis.data import latest_campaign_id
 
-    @server_app.command("alerts")
-    def alerts_cmd(
-        webhook: Annotated[
-            str | None,
-            typer.Option(
-                help="POST each alert as JSON {subject, text} to this URL (saved as a webhook block, the URL "
-                "masked). Without this and --block: the URL in SPECGAUGE_ALERT_WEBHOOK."
-            ),
-        ] = None,
-        block: Annotated[
-            str | None,
-            typer.Option(
-                help="Send through this saved notification block instead, as TYPE/NAME (e.g. "
-                "slack-webhook/team-alerts, email/oncall): any Prefect notification block."
-            ),
-        ] = None,
-    ) -> None:
-        """Create (or replace) the automation that tells someone when a nightly regression regressed or failed,
-        or a campaign was found invalid: the message says what, by how much, and links the report."""
-        from flows.alerts import webhook_from_environment
-        from specgauge.errors import InputError
+        with reader() as con:
+            campaign_id = latest_campaign_id(con)
+    run_decide(None, campaign_id, None, workload)
 
-        if webhook is None and block is None:
-            webhook = webhook_from_environment()
-        if (webhook is None) == (block is None):
-            raise InputError("give one of --webhook URL (or SPECGAUGE_ALERT_WEBHOOK) or --block TYPE/NAME")
-        from prefect.settings import get_current_settings
 
-        if not get_current_settings().api.url:  # the local profile's ephemeral API would forget it at exit
-            raise InputError(
-                "alerts live on the Prefect server: run with PREFECT_PROFILE=server (or PREFECT_API_URL set)"
-            )
-        from flows.alerts import AUTOMATION_NAME, ensure_automation, notification_block_id, save_webhook_block
-        from specgauge.redact import redact_webhook
+server_app = typer.Typer(
+    help="The Prefect server, deployments and worker behind the UI.", no_args_is_help=True
+)
 
-        block_id = save_webhook_block(webhook)._block_document_id if webhook else notification_block_id(block)
-        automation = ensure_automation(block_id)
-        where = redact_webhook(webhook) if webhook else block  # the host only: the rest of a hook is its key
-        console.print(f"automation {AUTOMATION_NAME} ({automation.id}): alerts go to {where}", markup=False)
 
-    @server_app.command("worker")
-    def worker_cmd() -> None:
-        """Start a process worker for the specgauge pool (foreground). Its runs link reports through the
-        report server `specgauge prefect server` starts (SPECGAUGE_REPORTS_URL, unless set already)."""
-        env = {
-            "SPECGAUGE_REPORTS_URL": f"http://127.0.0.1:{REPORTS_PORT}",
-            **os.environ,
-            "PREFECT_PROFILE": "server",
-        }
-        os.execve(
-            sys.executable, [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL], env
+def prefect_cli(*args: str, profile: str = "server") -> subprocess.CompletedProcess:
+    """`python -m prefect ARGS` from the repo root under a Prefect profile (its exit status is the caller's)."""
+    env = {**os.environ, "PREFECT_PROFILE": profile}
+    return subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO_ROOT, env=env, check=False)
+
+
+@server_app.command("server")
+def server_cmd(
+    port: int = typer.Option(4200, help="Port on 127.0.0.1.", min=1, max=65535),
+    reports_port: int = typer.Option(
+        REPORTS_PORT, help="Port of the report server started beside it (0: none).", min=0, max=65535
+    ),
+) -> None:
+    """Start the Prefect server and UI on 127.0.0.1, and the report server the runs' report links open
+    (`specgauge reports serve`), in the foreground; Ctrl-C stops both."""
+    env = {**os.environ, "PREFECT_PROFILE": "server", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    if reports_port:  # same process group: Ctrl-C reaches it too
+        subprocess.Popen(
+            [sys.executable, "-m", "cli", "reports", "serve", "--port", str(reports_port)], cwd=REPO_ROOT
         )
+    os.execve(sys.executable, prefect_server_argv(port), env)
+
+
+@server_app.command("deploy")
+def deploy_cmd(
+    alert_webhook: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SPECGAUGE_ALERT_WEBHOOK",
+            help="Also send alerts (a regression, a failed regression run, an invalid campaign) to this "
+            "webhook: see `specgauge prefect alerts`. The URL is a secret: prefer the environment "
+            "variable to the option (a command line is visible to every user of the machine).",
+        ),
+    ] = None,
+) -> None:
+    """Create the process work pool and the deployments of prefect.yaml (campaign, regression, analyze)
+    on the server, register the block types, and with --alert-webhook the alerts' automation."""
+    prefect_cli("work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
+    prefect_cli("gcl", "create", "specgauge-warehouse-writer", "--limit", "1")
+    done = prefect_cli("--no-prompt", "deploy", "--all")
+    if done.returncode != 0:
+        raise typer.Exit(done.returncode)
+    env = {**os.environ, "PREFECT_PROFILE": "server"}
+    subprocess.run([sys.executable, "-m", "cli", "blocks", "register"], env=env, check=False)
+    if alert_webhook:
+        from flows.alerts import alerts_command
+
+        alerts, alerts_env = alerts_command(alert_webhook, env)  # the URL in the environment, not argv
+        if subprocess.run(alerts, env=alerts_env, check=False).returncode != 0:
+            raise typer.Exit(2)
+    else:
+        console.print("no alerts: give --alert-webhook URL, or run `specgauge prefect alerts` later")
+
+
+@server_app.command("alerts")
+def alerts_cmd(
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            help="POST each alert as JSON {subject, text} to this URL (saved as a webhook block, the URL "
+            "masked). Without this and --block: the URL in SPECGAUGE_ALERT_WEBHOOK."
+        ),
+    ] = None,
+    block: Annotated[
+        str | None,
+        typer.Option(
+            help="Send through this saved notification block instead, as TYPE/NAME (e.g. "
+            "slack-webhook/team-alerts, email/oncall): any Prefect notification block."
+        ),
+    ] = None,
+) -> None:
+    """Create (or replace) the automation that tells someone when a nightly regression regressed or failed,
+    or a campaign was found invalid: the message says what, by how much, and links the report."""
+    from flows.alerts import webhook_from_environment
+    from specgauge.errors import InputError
+
+    if webhook is None and block is None:
+        webhook = webhook_from_environment()
+    if (webhook is None) == (block is None):
+        raise InputError("give one of --webhook URL (or SPECGAUGE_ALERT_WEBHOOK) or --block TYPE/NAME")
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:  # the local profile's ephemeral API would forget it at exit
+        raise InputError(
+            "alerts live on the Prefect server: run with PREFECT_PROFILE=server (or PREFECT_API_URL set)"
+        )
+    from flows.alerts import AUTOMATION_NAME, ensure_automation, notification_block_id, save_webhook_block
+    from specgauge.redact import redact_webhook
+
+    block_id = save_webhook_block(webhook)._block_document_id if webhook else notification_block_id(block)
+    automation = ensure_automation(block_id)
+    where = redact_webhook(webhook) if webhook else block  # the host only: the rest of a hook is its key
+    console.print(f"automation {AUTOMATION_NAME} ({automation.id}): alerts go to {where}", markup=False)
+
+
+@server_app.command("worker")
+def worker_cmd() -> None:
+    """Start a process worker for the specgauge pool (foreground). Its runs link reports through the
+    report server `specgauge prefect server` starts (SPECGAUGE_REPORTS_URL, unless set already)."""
+    env = {
+        "SPECGAUGE_REPORTS_URL": f"http://127.0.0.1:{REPORTS_PORT}",
+        **os.environ,
+        "PREFECT_PROFILE": "server",
+    }
+    os.execve(sys.executable, [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL], env)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(campaign_app, name="campaign")
+    app.add_typer(server_app, name="prefect")

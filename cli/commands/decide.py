@@ -83,7 +83,7 @@ def run_decide(
     """The decide flow without the UI's sign-off pause (a terminal has nobody to resume it)."""
     from experiments.overrides import SpecOverrides, load_spec_with
     from experiments.plan import plan_campaign, resolve_repo_path
-    from tasks.launch import check_launchable
+    from tasks.drafters.prelaunch import check_launchable
 
     path = None
     if sweep_campaign_id is None:  # bad input refused before Prefect starts

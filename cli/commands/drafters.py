@@ -6,11 +6,13 @@ against a new one in a randomised schedule of swaps, the gate after the swap, th
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from cli.tables import titled_table
 
 console = Console(soft_wrap=True)
 
@@ -79,50 +81,31 @@ def confirm(
     from flows.adapt import Inputs
     from specgauge.errors import InputError
 
+    rule_settings: dict[str, Any] = dict(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric)
     try:  # the rule checks its own parameters (ValueError): name the options
-        rule = Rule(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric)
+        rule = Rule(**rule_settings)
     except ValueError as exc:
         raise InputError(f"--gain-metric/--min-effect/--max-harm: {exc}") from None
 
-    # bad input is refused here, before Prefect starts (one line, exit 2, from the CLI's error boundary)
-    parsed_strata = _listed(strata, "--strata")
-    parsed_loads = _listed(concurrencies, "--concurrencies", int)
-    Inputs(
-        spec,
-        new,
+    # what both the early check and the flow take, by the flow's names
+    shared: dict[str, Any] = dict(
         target_stratum=target,
         old_head=old,
         variant=variant,
-        strata=parsed_strata,
-        concurrencies=parsed_loads,
+        strata=_listed(strata, "--strata"),
+        concurrencies=_listed(concurrencies, "--concurrencies", int),
         requests=requests,
         repeats=repeats,
         seed=seed,
-        rule=rule,
         plain_from=plain_from,
         gate=gate,
         label=label,
     )
+    # bad input is refused here, before Prefect starts (one line, exit 2, from the CLI's error boundary)
+    Inputs(spec, new, rule=rule, **shared)
     from flows.adapt import confirm_adaptation
 
-    document = confirm_adaptation(
-        spec_path=spec,
-        new_head=new,
-        target_stratum=target,
-        old_head=old,
-        variant=variant,
-        strata=parsed_strata,
-        concurrencies=parsed_loads,
-        requests=requests,
-        repeats=repeats,
-        min_effect=min_effect,
-        max_harm=max_harm,
-        gain_metric=gain_metric,
-        seed=seed,
-        plain_from=plain_from,
-        gate=gate,
-        label=label,
-    )
+    document = confirm_adaptation(spec_path=spec, new_head=new, **rule_settings, **shared)
     console.print(verdict_table(document))
     gate_facts = document.get("gate") or {}
     console.print(
@@ -147,8 +130,7 @@ def _ratio(c: dict | None) -> str:
 
 
 def verdict_table(document: dict) -> Table:
-    table = Table(title=f"adaptation {document['adaptation_id']}", title_justify="left")
-    for name in (
+    columns = (
         "stratum",
         "load",
         "MAL old -> new",
@@ -156,8 +138,8 @@ def verdict_table(document: dict) -> Table:
         "throughput new/old",
         "TPOT old/new",
         "verdict",
-    ):
-        table.add_column(name)
+    )
+    table = titled_table(f"adaptation {document['adaptation_id']}", columns)
     comparisons = {(c["stratum"], c["load_label"], c["metric"]): c for c in document["comparisons"]}
     for v in document["verdicts"]:
         key = (v["stratum"], v["load_label"])

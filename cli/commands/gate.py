@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from cli.tables import titled_table
+
 if TYPE_CHECKING:
     from tasks.gate import Aggregate, Comparison, Verdict
 
@@ -82,8 +84,7 @@ def _aggregate_row(label: str, agg: Aggregate) -> list[str]:
 
 
 def _aggregate_table(title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for name in (
+    columns = (
         "pair",
         "exact",
         "rate",
@@ -92,26 +93,16 @@ def _aggregate_table(title: str) -> Table:
         "med. 1st div.",
         "med. rel. div.",
         "failed",
-    ):
-        table.add_column(name, justify="left" if name == "pair" else "right")
-    return table
+    )
+    return titled_table(title, columns, left=("pair",))
 
 
 def _worst_table(comparison: Comparison) -> Table | None:
     worst = comparison.worst()
     if not worst:
         return None
-    table = Table(title="worst cases", title_justify="left")
-    for name in (
-        "prompt",
-        "status",
-        "1st div.",
-        "prefix",
-        "edit",
-        "a (near divergence)",
-        "b (near divergence)",
-    ):
-        table.add_column(name, overflow="fold")
+    columns = ("prompt", "status", "1st div.", "prefix", "edit", "a (near divergence)", "b (near divergence)")
+    table = titled_table("worst cases", columns, overflow="fold")
     for row in worst:
         table.add_row(
             row.prompt_id,

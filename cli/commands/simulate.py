@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.tables import titled_table
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -64,11 +66,11 @@ def _fmt(value: object, digits: int = 3) -> str:
 
 
 def validation_table(frame: pl.DataFrame) -> Table:
-    table = Table(
-        title="simulated vs served (chain of the served k, the capture's own requests)", title_justify="left"
+    table = titled_table(
+        "simulated vs served (chain of the served k, the capture's own requests)",
+        ("capture", "k", "drafts s/v", "accepted s/v", "MAL served", "MAL simulated", "rel. error"),
+        left=("capture",),
     )
-    for name in ("capture", "k", "drafts s/v", "accepted s/v", "MAL served", "MAL simulated", "rel. error"):
-        table.add_column(name, justify="left" if name == "capture" else "right")
     table.add_column("per position, served", overflow="fold")
     table.add_column("simulated", overflow="fold")
     for row in frame.iter_rows(named=True):
@@ -89,9 +91,11 @@ def validation_table(frame: pl.DataFrame) -> Table:
 
 
 def projection_table(frame: pl.DataFrame, capture_id: str) -> Table:
-    table = Table(title=f"projections on the outputs of {capture_id}", title_justify="left")
-    for name in ("shape", "stratum", "drafts", "MAL", "tokens/step", "verified/step"):
-        table.add_column(name, justify="left" if name in ("shape", "stratum") else "right")
+    table = titled_table(
+        f"projections on the outputs of {capture_id}",
+        ("shape", "stratum", "drafts", "MAL", "tokens/step", "verified/step"),
+        left=("shape", "stratum"),
+    )
     table.add_column("per position", overflow="fold")
     for row in frame.iter_rows(named=True):
         table.add_row(
@@ -107,8 +111,7 @@ def projection_table(frame: pl.DataFrame, capture_id: str) -> Table:
 
 
 def cost_table(frame: pl.DataFrame) -> Table:
-    table = Table(title="projected at the campaign's loads (cost model)", title_justify="left")
-    for name in (
+    columns = (
         "shape",
         "stratum",
         "load",
@@ -118,10 +121,14 @@ def cost_table(frame: pl.DataFrame) -> Table:
         "tok/s",
         "speedup",
         "measured",
-    ):
-        # fold, not cut: a shape's name is what the row is about
-        left = name in ("shape", "stratum", "load")
-        table.add_column(name, justify="left" if left else "right", overflow="fold")
+    )
+    # fold, not cut: a shape's name is what the row is about
+    table = titled_table(
+        "projected at the campaign's loads (cost model)",
+        columns,
+        left=("shape", "stratum", "load"),
+        overflow="fold",
+    )
     for row in frame.iter_rows(named=True):
         ms = [None if row[c] is None else row[c] * 1000 for c in ("projected_step_s", "projected_tpot_s")]
         table.add_row(

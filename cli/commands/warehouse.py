@@ -17,8 +17,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.warehouse_options import DbOption, LockTimeout, say_waiting
+from cli.tables import ELISION
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -365,21 +367,38 @@ def _emit(text: str, output: Path | None) -> None:
 
 
 def _print_table(frame, types: list[str], max_rows: int) -> None:
-    table = Table(*[f"{name}\n[dim]{dtype}[/dim]" for name, dtype in zip(frame.columns, types, strict=True)])
-    for row in frame.head(max_rows).iter_rows():
-        table.add_row(*["[dim]null[/dim]" if v is None else _cell(v) for v in row])
-    console.print(table)
-    more = frame.height - min(frame.height, max_rows)
+    """The result as a table that fits the terminal (middle columns elided when it is too wide, as DuckDB's
+    CLI does), or one block a row when not even its first and last columns fit; counts on stderr."""
+    from cli.tables import ResultColumn, result_records, result_table
+
+    shown = list(frame.head(max_rows).iter_rows())
+    columns = [
+        ResultColumn(name, dtype, [_cell(row[index]) for row in shown])
+        for index, (name, dtype) in enumerate(zip(frame.columns, types, strict=True))
+    ]
+    table, hidden = result_table(columns, len(shown), console.width)
+    for renderable in [table] if table is not None else result_records(columns, len(shown), console.width):
+        console.print(renderable)
+    more = frame.height - len(shown)
     tail = f" ({more:,} not shown: raise --max-rows or use --format csv)" if more else ""
     err_console.print(f"{frame.height:,} row{'s' if frame.height != 1 else ''}{tail}", highlight=False)
+    if table is None:
+        err_console.print(
+            f"{len(columns)} columns, too wide for {console.width} characters side by side: one block a row",
+            highlight=False,
+        )
+    elif hidden:
+        err_console.print(
+            f"{hidden} of {len(columns)} columns hidden ({ELISION}): select fewer, widen the terminal or use "
+            "--format csv",
+            highlight=False,
+        )
 
 
-def _cell(value: object) -> str:
-    from rich.markup import escape
-
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return escape(str(value))
+def _cell(value: object) -> Text:
+    if value is None:
+        return Text("null", style="dim")
+    return Text(f"{value:.6g}" if isinstance(value, float) else str(value))
 
 
 def register(app: typer.Typer) -> None:
