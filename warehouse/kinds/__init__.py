@@ -3,6 +3,9 @@ how its files become rows (frames), what those rows must satisfy (its tables' pa
 keyed and hashed (its ArtifactKind, `KIND`; a module of related kinds names each: decisions.py has
 DECISIONS_KIND and PROMOTIONS_KIND). The ingest engine (warehouse.ingest) walks KINDS in this order.
 
+What kinds share has one home: base.py (finding artifacts: `file_kind`, `directory_kind`; holding a
+document to its place: `check_place`) and columns.py (the column sets main tables share: `main_table`).
+
 A new table: a module here (copy the closest one), its `KIND` in KINDS, and a migration creating the table
 (warehouse/migrations/NNNN_name.sql).
 """

@@ -5,28 +5,23 @@ and load) (migration 0012). The confirmation's cells are ordinary cells, in `cel
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from artifacts import layout
 from artifacts.documents import AdaptationDocument, utc_datetime
-from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
+from warehouse.frames import Files, canonical_json, to_frame
+from warehouse.kinds.base import file_document, file_kind, placed
+from warehouse.kinds.columns import RunTimes, Tool, main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
 METRICS = ["mean_acceptance_length", "throughput", "tpot_p50"]
 _SHA = {"nullable": True, "str_length": {"min_value": 64, "max_value": 64}}
 
 
+@main_table("adaptation", last=(RunTimes, Tool))
 class AdaptationModel(pa.DataFrameModel):
-    adaptation_key: pl.String = pa.Field(unique=True)
-    adaptation_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     deployment_id: pl.String = pa.Field(str_length={"min_value": 1})
     variant: pl.String = pa.Field(str_length={"min_value": 1})
     target_stratum: pl.String = pa.Field(str_length={"min_value": 1})
@@ -55,12 +50,6 @@ class AdaptationModel(pa.DataFrameModel):
     summary: pl.String = pa.Field()
     status: pl.String = pa.Field(isin=["ok", "failed"])
     error: pl.String = pa.Field(nullable=True)
-    started_utc: pl.Datetime = pa.Field(nullable=True)
-    ended_utc: pl.Datetime = pa.Field(nullable=True)
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     @pa.dataframe_check(error="swapped_back: the old head must serve again at the end (final_sha256 = old)")
     def swapped_back_means_old(cls, data: PolarsData) -> pl.LazyFrame:
@@ -133,23 +122,11 @@ def adaptation_frames(
     source_path: str, campaign_id: str, adaptation_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
     """One adaptation file as its three tables' rows (pure: no database)."""
-    name = f"{adaptation_id}.json"
-    doc = document(files, name, AdaptationDocument)
-    assert isinstance(doc, AdaptationDocument)
-    for column, value, expected in (
-        ("adaptation_id", doc.adaptation_id, adaptation_id),
-        ("campaign_id", doc.campaign_id, campaign_id),
-    ):
-        if value != expected:
-            raise ArtifactInvalid(
-                f"{value!r} does not match where it is ({expected!r})", file=name, column=column
-            )
+    doc = file_document(files, AdaptationDocument, campaign_id, adaptation_id, "adaptation_id")
     key = f"{campaign_id}/{adaptation_id}"
     gate = doc.gate
     row = {
-        "adaptation_key": key,
-        "adaptation_id": adaptation_id,
-        "campaign_id": campaign_id,
+        **placed_columns("adaptation", campaign_id, adaptation_id),
         "deployment_id": doc.deployment_id,
         "variant": doc.variant,
         "target_stratum": doc.target_stratum,
@@ -180,10 +157,8 @@ def adaptation_frames(
         "error": doc.error,
         "started_utc": utc_datetime(doc.started_utc),
         "ended_utc": utc_datetime(doc.ended_utc),
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **tool_columns(doc.tool),
+        **source_columns(source_path, sha256),
     }
     comparisons = [
         {
@@ -201,31 +176,22 @@ def adaptation_frames(
         for v in doc.verdicts
     ]
     return {
-        "adaptations": pl.DataFrame([row], schema=table_schema(AdaptationModel), orient="row"),
-        "adaptation_comparisons": pl.DataFrame(
-            comparisons, schema=table_schema(AdaptationComparisonModel), orient="row"
-        ),
-        "adaptation_verdicts": pl.DataFrame(
-            verdicts, schema=table_schema(AdaptationVerdictModel), orient="row"
-        ),
+        "adaptations": to_frame(AdaptationModel, [row]),
+        "adaptation_comparisons": to_frame(AdaptationComparisonModel, comparisons),
+        "adaptation_verdicts": to_frame(AdaptationVerdictModel, verdicts),
     }
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    return file_refs("adaptations", layout.adaptation_files(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = file_kind(
     name="adaptations",
     table="adaptations",
     key_column="adaptation_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: adaptation_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.adaptation_files,
+    frames=placed(adaptation_frames),
     models={
         "adaptations": AdaptationModel,
         "adaptation_comparisons": AdaptationComparisonModel,
         "adaptation_verdicts": AdaptationVerdictModel,
     },
     sources={"adaptation_comparisons": "comparisons", "adaptation_verdicts": "verdicts"},
-    files=lambda ref: (f"{ref.name}.json",),
 )

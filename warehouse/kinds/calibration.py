@@ -4,24 +4,19 @@ once at a campaign's start by tasks.load.calibration) into `client_calibrations`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pandera.polars as pa
 import polars as pl
 
 from artifacts import layout
 from artifacts.documents import ClientCalibrationDocument, utc_datetime
-from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
+from warehouse.frames import Files, to_frame
+from warehouse.kinds.base import file_document, file_kind, placed
+from warehouse.kinds.columns import main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
 
+@main_table("calibration")
 class ClientCalibrationModel(pa.DataFrameModel):
-    calibration_key: pl.String = pa.Field(unique=True)
-    calibration_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     started_utc: pl.Datetime = pa.Field(nullable=True)
     ended_utc: pl.Datetime = pa.Field(nullable=True)
     mode: pl.String = pa.Field(isin=["closed", "open"])
@@ -43,8 +38,6 @@ class ClientCalibrationModel(pa.DataFrameModel):
     specgauge_version: pl.String = pa.Field(nullable=True)
     git_revision: pl.String = pa.Field(nullable=True)
     hostname: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Strict
 
@@ -73,44 +66,24 @@ def calibration_frames(
     source_path: str, campaign_id: str, calibration_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
     """One calibration file as its client_calibrations row (pure: no database)."""
-    name = f"{calibration_id}.json"
-    doc = document(files, name, ClientCalibrationDocument)
-    for column, value, expected in (
-        ("calibration_id", doc.calibration_id, calibration_id),
-        ("campaign_id", doc.campaign_id, campaign_id),
-    ):
-        if value != expected:
-            raise ArtifactInvalid(
-                f"{value!r} does not match where it is ({expected!r})", file=name, column=column
-            )
+    doc = file_document(files, ClientCalibrationDocument, campaign_id, calibration_id, "calibration_id")
     row = {
-        "calibration_key": f"{campaign_id}/{calibration_id}",
-        "calibration_id": calibration_id,
-        "campaign_id": campaign_id,
+        **placed_columns("calibration", campaign_id, calibration_id),
         "started_utc": utc_datetime(doc.started_utc),
         "ended_utc": utc_datetime(doc.ended_utc),
         **{name: getattr(doc, name) for name in FIGURES},
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
+        **tool_columns(doc.tool),
         "hostname": doc.host.hostname if doc.host else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
-    return {
-        "client_calibrations": pl.DataFrame([row], schema=table_schema(ClientCalibrationModel), orient="row")
-    }
+    return {"client_calibrations": to_frame(ClientCalibrationModel, [row])}
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    return file_refs("calibration", layout.calibration_files(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = file_kind(
     name="calibration",
     table="client_calibrations",
     key_column="calibration_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: calibration_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.calibration_files,
+    frames=placed(calibration_frames),
     models={"client_calibrations": ClientCalibrationModel},
-    files=lambda ref: (f"{ref.name}.json",),  # the folder holds every calibration of the campaign
 )

@@ -13,6 +13,7 @@ from artifacts.documents import CampaignRecord, RunRecord, utc_datetime
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.columns import main_table, source_columns, tool_columns
 from warehouse.models import Exact
 
 # created: no run has finished yet (one is running, or crashed); complete: the latest run left no failed
@@ -20,6 +21,7 @@ from warehouse.models import Exact
 CAMPAIGN_STATUSES = ["created", "complete", "incomplete"]
 
 
+@main_table()
 class CampaignModel(pa.DataFrameModel):
     campaign_id: pl.String = pa.Field(str_length={"min_value": 1}, unique=True)
     spec_name: pl.String = pa.Field(str_length={"min_value": 1})
@@ -41,8 +43,6 @@ class CampaignModel(pa.DataFrameModel):
     host: pl.String = pa.Field(nullable=True)
     imported: pl.Boolean = pa.Field()
     imported_from: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Exact
 
@@ -87,15 +87,13 @@ def campaign_frames(source_path: str, campaign_id: str, files: Files, sha256: st
         "slo_ttft_p99_s": slo.ttft_p99_s if slo else None,
         "slo_tpot_p99_s": slo.tpot_p99_s if slo else None,
         "spec": canonical_json(record.spec),
-        "specgauge_version": tool.specgauge_version if tool else None,
-        "git_revision": tool.git_revision if tool else None,
+        **tool_columns(tool),
         "hostname": host.hostname if host else None,
         "host": canonical_json(host) if host else None,
         # A campaign translated from another harness's results (tasks.imports), and from where.
         "imported": record.imported is not None,
         "imported_from": canonical_json(record.imported) if record.imported else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
     return {"campaigns": [row]}
 

@@ -4,8 +4,6 @@ per point in the order it ran (migration 0006). Each point is also a cell, in `c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pandera.polars as pa
@@ -13,18 +11,16 @@ import polars as pl
 
 from artifacts import layout
 from artifacts.documents import CapacitySearchDocument, utc_datetime
-from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
+from warehouse.frames import Files, canonical_json, to_frame
+from warehouse.kinds.base import file_document, file_kind, placed
+from warehouse.kinds.columns import RunTimes, Tool, main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
 VERDICTS = ["met", "violated", "undecided"]
 
 
+@main_table("search", last=(RunTimes, Tool))
 class CapacitySearchModel(pa.DataFrameModel):
-    search_key: pl.String = pa.Field(unique=True)
-    search_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     deployment_id: pl.String = pa.Field(str_length={"min_value": 1})
     variant: pl.String = pa.Field(str_length={"min_value": 1})
     method: pl.String = pa.Field()
@@ -45,12 +41,6 @@ class CapacitySearchModel(pa.DataFrameModel):
     stopped_because: pl.String = pa.Field()
     n_points: pl.Int32 = pa.Field(ge=0)
     settings: pl.String = pa.Field()
-    started_utc: pl.Datetime = pa.Field(nullable=True)
-    ended_utc: pl.Datetime = pa.Field(nullable=True)
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     @pa.dataframe_check(error="capacity_rps: the capacity lies below the first failing rate")
     def capacity_below_failure(cls, data: Any) -> pl.LazyFrame:
@@ -90,21 +80,10 @@ def search_frames(
     source_path: str, campaign_id: str, search_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
     """One search file as its capacity_searches row and capacity_points rows (pure: no database)."""
-    name = f"{search_id}.json"
-    doc = document(files, name, CapacitySearchDocument)
-    for column, value, expected in (
-        ("search_id", doc.search_id, search_id),
-        ("campaign_id", doc.campaign_id, campaign_id),
-    ):
-        if value != expected:
-            raise ArtifactInvalid(
-                f"{value!r} does not match where it is ({expected!r})", file=name, column=column
-            )
+    doc = file_document(files, CapacitySearchDocument, campaign_id, search_id, "search_id")
     key = f"{campaign_id}/{search_id}"
     row = {
-        "search_key": key,
-        "search_id": search_id,
-        "campaign_id": campaign_id,
+        **placed_columns("search", campaign_id, search_id),
         "deployment_id": doc.deployment_id,
         "variant": doc.variant.name,
         "method": doc.variant.method or "none",
@@ -127,10 +106,8 @@ def search_frames(
         "settings": canonical_json(doc.settings),
         "started_utc": utc_datetime(doc.started_utc),
         "ended_utc": utc_datetime(doc.ended_utc),
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **tool_columns(doc.tool),
+        **source_columns(source_path, sha256),
     }
     points = [
         {
@@ -156,23 +133,17 @@ def search_frames(
         for i, p in enumerate(doc.points)
     ]
     return {
-        "capacity_searches": pl.DataFrame([row], schema=table_schema(CapacitySearchModel), orient="row"),
-        "capacity_points": pl.DataFrame(points, schema=table_schema(CapacityPointModel), orient="row"),
+        "capacity_searches": to_frame(CapacitySearchModel, [row]),
+        "capacity_points": to_frame(CapacityPointModel, points),
     }
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    # a search being written has a temporary '.' name: layout.search_files leaves it out
-    return file_refs("capacity", layout.search_files(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = file_kind(
     name="capacity",
     table="capacity_searches",
     key_column="search_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: search_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.search_files,
+    frames=placed(search_frames),
     models={"capacity_searches": CapacitySearchModel, "capacity_points": CapacityPointModel},
     sources={"capacity_points": "points"},
-    files=lambda ref: (f"{ref.name}.json",),  # the capacity folder holds every search of the campaign
 )

@@ -4,25 +4,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from artifacts import layout
 from artifacts.documents import OUTPUT_SCHEMA, CaptureMeta, utc_datetime
-from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, conform, document, load_parquet, short_hash
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, directory_refs
+from warehouse.kinds.base import check_place, directory_kind, placed
+from warehouse.kinds.columns import main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Exact
 
 
+@main_table("capture")
 class CaptureModel(pa.DataFrameModel):
-    capture_key: pl.String = pa.Field(unique=True)
-    capture_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     deployment_id: pl.String = pa.Field(nullable=True)
     variant: pl.String = pa.Field(nullable=True)
     corpus_file: pl.String = pa.Field(nullable=True)
@@ -37,8 +32,6 @@ class CaptureModel(pa.DataFrameModel):
     ended_utc: pl.Datetime = pa.Field(nullable=True)
     outputs: pl.Int32 = pa.Field(ge=0)
     outputs_ok: pl.Int32 = pa.Field(ge=0)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Exact
 
@@ -72,18 +65,9 @@ def capture_frames(
     source_path: str, campaign_id: str, capture_id: str, files: Files, sha256: str
 ) -> dict[str, Part]:
     meta = document(files, layout.META, CaptureMeta)
-    if meta.capture_id != capture_id:
-        raise ArtifactInvalid(
-            f"{meta.capture_id!r} does not match its directory ({capture_id!r})",
-            file=layout.META,
-            column="capture_id",
-        )
-    if meta.campaign_id is not None and meta.campaign_id != campaign_id:
-        raise ArtifactInvalid(
-            f"{meta.campaign_id!r} does not match its campaign directory ({campaign_id!r})",
-            file=layout.META,
-            column="campaign_id",
-        )
+    check_place(layout.META, meta, "its directory", capture_id=capture_id)
+    if meta.campaign_id is not None:  # a capture need not name its campaign
+        check_place(layout.META, meta, "its campaign directory", campaign_id=campaign_id)
     capture_key = f"{campaign_id}/{capture_id}"
     columns = list(OUTPUT_SCHEMA)
     outputs = load_parquet(files, layout.OUTPUTS, columns).select(
@@ -92,9 +76,7 @@ def capture_frames(
     outputs = conform(outputs, CaptureOutputModel, layout.OUTPUTS)
     corpus = meta.corpus
     row = {
-        "capture_key": capture_key,
-        "capture_id": capture_id,
-        "campaign_id": campaign_id,
+        **placed_columns("capture", campaign_id, capture_id),
         "deployment_id": meta.deployment_id,
         "variant": meta.variant_name,
         "corpus_file": corpus.file if corpus is not None else meta.corpus_file,
@@ -103,28 +85,22 @@ def capture_frames(
         "sampling": None if meta.sampling is None else canonical_json(meta.sampling),
         "sampling_key": None if meta.sampling is None else short_hash(meta.sampling),
         "engine_version": meta.deployment.engine_version if meta.deployment else None,
-        "specgauge_version": meta.tool.specgauge_version if meta.tool else None,
-        "git_revision": meta.tool.git_revision if meta.tool else None,
+        **tool_columns(meta.tool),
         "started_utc": utc_datetime(meta.started_utc),
         "ended_utc": utc_datetime(meta.ended_utc),
         "outputs": outputs.height,
         "outputs_ok": int(outputs.get_column("ok").cast(pl.Boolean, strict=False).fill_null(False).sum()),
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
     return {"captures": [row], "capture_outputs": outputs}
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    yield from directory_refs("capture", layout.captures_dir(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = directory_kind(
     name="capture",
     table="captures",
     key_column="capture_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: capture_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    folder=layout.captures_dir,
+    frames=placed(capture_frames),
     models={"captures": CaptureModel, "capture_outputs": CaptureOutputModel},
     sources={"captures": layout.META, "capture_outputs": layout.OUTPUTS},
 )

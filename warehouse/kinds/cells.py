@@ -7,7 +7,6 @@ The `cells` row is the meta's facts (below) and every summary field marked as a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ from artifacts.documents import (
 )
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document, parquet_part, short_hash
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, directory_refs
+from warehouse.kinds.base import check_place, directory_kind
+from warehouse.kinds.columns import main_table, source_columns, tool_columns
 from warehouse.kinds.deployments import settings_of
 from warehouse.models import METHODS, Exact, with_columns
 
@@ -43,6 +43,7 @@ def _ok_implies(column: str) -> pl.Expr:
     return ~pl.col("ok") | pl.col(column).is_not_null()
 
 
+@main_table()
 class CellFacts(pa.DataFrameModel):
     """The cells columns that come from meta.json (and the artifact's place and hash); CellModel adds the
     summary's."""
@@ -90,8 +91,6 @@ class CellFacts(pa.DataFrameModel):
     started_utc: pl.Datetime = pa.Field(nullable=True)
     ended_utc: pl.Datetime = pa.Field(nullable=True)
     capped: pl.Boolean = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     @pa.dataframe_check(error="load_mode: a closed-loop cell needs concurrency, an open-loop cell a rate")
     def load_has_its_parameter(cls, data: PolarsData) -> pl.LazyFrame:
@@ -266,13 +265,7 @@ def cell_frames(
     cell_key = f"{campaign_id}/{dir_name}"
     meta = document(files, layout.META, CellMeta)
     summary = document(files, layout.SUMMARY, CellSummary)
-    for field, expected in (("cell_id", cell_id), ("attempt", attempt), ("campaign_id", campaign_id)):
-        if getattr(meta, field) != expected:
-            raise ArtifactInvalid(
-                f"{getattr(meta, field)!r} does not match the directory ({expected!r})",
-                file=layout.META,
-                column=field,
-            )
+    check_place(layout.META, meta, "the directory", cell_id=cell_id, attempt=attempt, campaign_id=campaign_id)
     variant, load, engine, sampling = meta.variant, meta.load, meta.deployment, meta.sampling
     settings = settings_of(engine, variant)
     sampling_written = sampling.as_written() if sampling is not None else {}
@@ -315,15 +308,13 @@ def cell_frames(
         "drafter_sha256": engine.drafter.sha256 if engine and engine.drafter else None,
         "launcher": engine.launcher if engine else None,
         "job_id": None if engine is None or engine.job_id is None else str(engine.job_id),
-        "specgauge_version": meta.tool.specgauge_version if meta.tool else None,
-        "git_revision": meta.tool.git_revision if meta.tool else None,
+        **tool_columns(meta.tool),
         "hostname": meta.host.hostname if meta.host else None,
         "t0_utc": utc_datetime(meta.t0_utc),
         "started_utc": utc_datetime(meta.started_utc),
         "ended_utc": utc_datetime(meta.ended_utc),
         "capped": meta.capped,
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
     row |= SUMMARY(summary)
     for name in _JSON_COLUMNS:
@@ -383,15 +374,11 @@ def _speculation(spec: Speculation, cell_key: str) -> dict[str, Part]:
     }
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    yield from directory_refs("cell", layout.cells_dir(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = directory_kind(
     name="cell",
     table="cells",
     key_column="cell_key",
-    discover=_discover,
+    folder=layout.cells_dir,
     frames=lambda ref, files, sha: cell_frames(
         ref.source_path, ref.campaign_id, ref.name, files, sha, directory=ref.path
     ),

@@ -1,5 +1,5 @@
-"""The decision loop's documents (artifacts/decisions.py, migration 0015): two kinds of single files, each
-written once under the verification campaign:
+"""The decision loop's documents (artifacts.documents.decisions, migration 0015): two kinds of single files,
+each written once under the verification campaign:
 
 - decisions/<decision_id>.json (DecisionDocument, analysis.verification) into `decisions`, one row per recommendation
   and its verification, and `decision_loads`, one row per measured load (DECISIONS_KIND);
@@ -10,23 +10,19 @@ The verification's cells are ordinary cells, in `cells`; `v_decision` joins the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from artifacts import layout
-from artifacts.decisions import OUTCOMES, DecisionDocument, PromotionDocument
-from artifacts.documents import utc_datetime
+from artifacts.documents import OUTCOMES, DecisionDocument, PromotionDocument, utc_datetime
 from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
+from warehouse.frames import Files, canonical_json, to_frame
+from warehouse.kinds.base import file_document, file_kind, placed
+from warehouse.kinds.columns import Tool, main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
 VIA = ["prefect-ui", "cli"]  # how a promotion was answered (PromotionDocument.via)
-_SHA = {"str_length": {"min_value": 64, "max_value": 64}}
 _NAME = {"str_length": {"min_value": 1}}
 
 
@@ -37,10 +33,8 @@ def _interval_holds(estimate: str, low: str, high: str) -> pl.Expr:
     return (pl.col(low).is_null() & pl.col(high).is_null()) | holds.fill_null(False)
 
 
+@main_table("decision", last=(Tool,))
 class DecisionModel(pa.DataFrameModel):
-    decision_key: pl.String = pa.Field(unique=True)
-    decision_id: pl.String = pa.Field(**_NAME)
-    campaign_id: pl.String = pa.Field(**_NAME)
     source_campaign_id: pl.String = pa.Field(**_NAME)
     workload: pl.String = pa.Field(**_NAME)
     family: pl.String = pa.Field(**_NAME)
@@ -59,10 +53,6 @@ class DecisionModel(pa.DataFrameModel):
     summary: pl.String = pa.Field()
     caveats: pl.String = pa.Field()
     created_utc: pl.Datetime = pa.Field(nullable=True)
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(**_SHA)
 
     Config = Strict
 
@@ -110,10 +100,8 @@ class DecisionLoadModel(pa.DataFrameModel):
     Config = Strict
 
 
+@main_table("promotion", id_column="decision_id", last=(Tool,))
 class PromotionModel(pa.DataFrameModel):
-    promotion_key: pl.String = pa.Field(unique=True)
-    decision_id: pl.String = pa.Field(**_NAME)
-    campaign_id: pl.String = pa.Field(**_NAME)
     approved: pl.Boolean = pa.Field()
     approver: pl.String = pa.Field(**_NAME)
     note: pl.String = pa.Field()
@@ -122,21 +110,8 @@ class PromotionModel(pa.DataFrameModel):
     vllm_args: pl.String = pa.Field()
     files: pl.String = pa.Field()
     decided_utc: pl.Datetime = pa.Field()
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(**_SHA)
 
     Config = Strict
-
-
-def _where_it_is(name: str, found: tuple[tuple[str, str, str], ...]) -> None:
-    """A document's own ids must be those of its place in the raw tree (file name, campaign directory)."""
-    for column, value, expected in found:
-        if value != expected:
-            raise ArtifactInvalid(
-                f"{value!r} does not match where it is ({expected!r})", file=name, column=column
-            )
 
 
 def decision_frames(
@@ -144,11 +119,7 @@ def decision_frames(
 ) -> dict[str, pl.DataFrame]:
     """One decision file as its `decisions` row and `decision_loads` rows (pure: no database)."""
     name = f"{decision_id}.json"
-    doc = document(files, name, DecisionDocument)
-    assert isinstance(doc, DecisionDocument)
-    _where_it_is(
-        name, (("decision_id", doc.decision_id, decision_id), ("campaign_id", doc.campaign_id, campaign_id))
-    )
+    doc = file_document(files, DecisionDocument, campaign_id, decision_id, "decision_id")
     for i, entry in enumerate(doc.schedule):
         if len(entry) != 3 or not 1 <= entry[0] <= entry[1] or entry[2] < 0:
             raise ArtifactInvalid(
@@ -156,7 +127,7 @@ def decision_frames(
                 file=name,
                 column=f"schedule[{i}]",
             )
-    if doc.outcome == "confirmed":  # confirmed means confirmed at every load (artifacts.decisions)
+    if doc.outcome == "confirmed":  # confirmed means confirmed at every load (artifacts.documents.decisions)
         unconfirmed = [load.concurrency for load in doc.loads if load.outcome != "confirmed"]
         if not doc.loads or unconfirmed:
             why = (
@@ -169,9 +140,7 @@ def decision_frames(
             )
     key = f"{campaign_id}/{decision_id}"
     row = {
-        "decision_key": key,
-        "decision_id": decision_id,
-        "campaign_id": campaign_id,
+        **placed_columns("decision", campaign_id, decision_id),
         "source_campaign_id": doc.source_campaign_id,
         "workload": doc.workload,
         "family": doc.family,
@@ -192,16 +161,14 @@ def decision_frames(
         "summary": doc.summary,
         "caveats": canonical_json(doc.caveats),
         "created_utc": utc_datetime(doc.created_utc),
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **tool_columns(doc.tool),
+        **source_columns(source_path, sha256),
     }
     columns = set(DecisionLoadModel.to_schema().columns) - {"decision_key"}
     loads = [{"decision_key": key, **load.model_dump(include=columns)} for load in doc.loads]
     return {
-        "decisions": pl.DataFrame([row], schema=table_schema(DecisionModel), orient="row"),
-        "decision_loads": pl.DataFrame(loads, schema=table_schema(DecisionLoadModel), orient="row"),
+        "decisions": to_frame(DecisionModel, [row]),
+        "decision_loads": to_frame(DecisionLoadModel, loads),
     }
 
 
@@ -209,16 +176,9 @@ def promotion_frames(
     source_path: str, campaign_id: str, decision_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
     """One promotion file as its `promotions` row (pure: no database)."""
-    name = f"{decision_id}.json"
-    doc = document(files, name, PromotionDocument)
-    assert isinstance(doc, PromotionDocument)
-    _where_it_is(
-        name, (("decision_id", doc.decision_id, decision_id), ("campaign_id", doc.campaign_id, campaign_id))
-    )
+    doc = file_document(files, PromotionDocument, campaign_id, decision_id, "decision_id")
     row = {
-        "promotion_key": f"{campaign_id}/{decision_id}",
-        "decision_id": decision_id,
-        "campaign_id": campaign_id,
+        **placed_columns("promotion", campaign_id, decision_id, id_column="decision_id"),
         "approved": doc.approved,
         "approver": doc.approver,
         "note": doc.note,
@@ -229,39 +189,27 @@ def promotion_frames(
         "vllm_args": canonical_json(doc.vllm_args),
         "files": canonical_json(doc.files),
         "decided_utc": utc_datetime(doc.decided_utc),
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **tool_columns(doc.tool),
+        **source_columns(source_path, sha256),
     }
-    return {"promotions": pl.DataFrame([row], schema=table_schema(PromotionModel), orient="row")}
+    return {"promotions": to_frame(PromotionModel, [row])}
 
 
-def _discover_decisions(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    return file_refs("decisions", layout.decision_files(campaign_dir), campaign_dir, prefix)
-
-
-def _discover_promotions(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    return file_refs("promotions", layout.promotion_files(campaign_dir), campaign_dir, prefix)
-
-
-DECISIONS_KIND = ArtifactKind(
+DECISIONS_KIND = file_kind(
     name="decisions",
     table="decisions",
     key_column="decision_key",
-    discover=_discover_decisions,
-    frames=lambda ref, files, sha: decision_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.decision_files,
+    frames=placed(decision_frames),
     models={"decisions": DecisionModel, "decision_loads": DecisionLoadModel},
     sources={"decision_loads": "loads"},
-    files=lambda ref: (f"{ref.name}.json",),  # the folder holds the campaign's other decisions
 )
 
-PROMOTIONS_KIND = ArtifactKind(
+PROMOTIONS_KIND = file_kind(
     name="promotions",
     table="promotions",
     key_column="promotion_key",
-    discover=_discover_promotions,
-    frames=lambda ref, files, sha: promotion_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.promotion_files,
+    frames=placed(promotion_frames),
     models={"promotions": PromotionModel},
-    files=lambda ref: (f"{ref.name}.json",),
 )

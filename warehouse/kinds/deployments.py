@@ -3,8 +3,7 @@ whether two deployments were launched the same way (also read by the cells kind)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandera.polars as pa
@@ -15,7 +14,8 @@ from artifacts.documents import DeploymentFacts, EngineFacts, VariantFacts, utc_
 from specgauge.redact import redact_args, redact_data, redact_text, redact_url
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document, short_hash
-from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.base import directory_kind, placed
+from warehouse.kinds.columns import main_table, source_columns
 from warehouse.models import METHODS, Exact
 
 # Engine arguments that differ between deployments of one configuration, or that define the variant:
@@ -30,6 +30,7 @@ _PER_DEPLOYMENT_FLAGS = (
 )
 
 
+@main_table()
 class DeploymentModel(pa.DataFrameModel):
     deployment_id: pl.String = pa.Field(str_length={"min_value": 1}, unique=True)
     campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
@@ -59,8 +60,6 @@ class DeploymentModel(pa.DataFrameModel):
     job_id: pl.String = pa.Field(nullable=True)
     pid: pl.Int64 = pa.Field(nullable=True)
     extra: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Exact
 
@@ -151,28 +150,20 @@ def deployment_frames(
         "job_id": None if facts.job_id is None else str(facts.job_id),
         "pid": facts.pid,
         "extra": None if facts.extra is None else canonical_json(redact_data(facts.extra)),
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
     return {"deployments": [row]}
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    folder = layout.deployments_dir(campaign_dir)
-    for d in layout.subdirs(folder):  # launch ids are unique across campaigns: the key is the id alone
-        yield ArtifactRef(
-            "deployment", d.name, d, f"{prefix}/{folder.name}/{d.name}", campaign_dir.name, d.name
-        )
-
-
-KIND = ArtifactKind(
+KIND = directory_kind(
     name="deployment",
     table="deployments",
     key_column="deployment_id",
-    discover=_discover,
-    frames=lambda ref, files, sha: deployment_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    folder=layout.deployments_dir,
+    frames=placed(deployment_frames),
     models={"deployments": DeploymentModel},
     sources={"deployments": layout.DEPLOYMENT_FILE},
     immutable=False,  # deployment.json is rewritten at ready and at teardown
     files=(layout.DEPLOYMENT_FILE,),  # not engine.log, which grows
+    campaign_keyed=False,  # launch ids are unique across campaigns: the key is the id alone
 )

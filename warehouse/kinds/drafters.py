@@ -14,11 +14,13 @@ import polars as pl
 from artifacts import ids, layout
 from artifacts.documents import DrafterCard, utc_datetime
 from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, document, load_parquet, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.frames import Files, canonical_json, document, load_parquet, to_frame
+from warehouse.kinds.base import ArtifactKind, ArtifactRef, check_place
+from warehouse.kinds.columns import main_table, source_columns
 from warehouse.models import Strict
 
 
+@main_table()
 class DrafterModel(pa.DataFrameModel):
     drafter_id: pl.String = pa.Field(unique=True, str_length={"min_value": 1})
     created_utc: pl.Datetime = pa.Field(nullable=True)
@@ -49,22 +51,15 @@ class DrafterModel(pa.DataFrameModel):
     runner: pl.String = pa.Field()
     device: pl.String = pa.Field(nullable=True)
     train_seconds: pl.Float64 = pa.Field(nullable=True, ge=0)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Strict
 
 
-def drafter_frames(source_path: str, drafter_id: str, files: Files, sha256: str) -> dict[str, pl.DataFrame]:
-    """One drafter artifact as its `drafters` row (pure: no database)."""
+def drafter_frames(ref: ArtifactRef, files: Files, sha256: str) -> dict[str, pl.DataFrame]:
+    """One drafter artifact as its `drafters` row (pure: no database). A drafter is no campaign's: its
+    place is its directory's name alone."""
     card = document(files, layout.CARD, DrafterCard)
-    assert isinstance(card, DrafterCard)
-    if card.drafter_id != drafter_id:
-        raise ArtifactInvalid(
-            f"{card.drafter_id!r} does not match where it is ({drafter_id!r})",
-            file=layout.CARD,
-            column="drafter_id",
-        )
+    check_place(layout.CARD, card, drafter_id=ref.name)
     curve = load_parquet(files, layout.CURVE, ["step", "loss"])
     hp = card.hyperparameters
     for name in ("steps", "lr"):
@@ -73,7 +68,7 @@ def drafter_frames(source_path: str, drafter_id: str, files: Files, sha256: str)
                 "missing or not a number", file=layout.CARD, column=f"hyperparameters.{name}"
             )
     row = {
-        "drafter_id": drafter_id,
+        "drafter_id": ref.name,
         "created_utc": utc_datetime(card.created_utc),
         "method": card.method,
         "mode": card.mode,
@@ -102,10 +97,9 @@ def drafter_frames(source_path: str, drafter_id: str, files: Files, sha256: str)
         "runner": card.runner,
         "device": card.device,
         "train_seconds": card.train_seconds,
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(ref.source_path, sha256),
     }
-    return {"drafters": pl.DataFrame([row], schema=table_schema(DrafterModel), orient="row")}
+    return {"drafters": to_frame(DrafterModel, [row])}
 
 
 def _discover(folder: Path, prefix: str) -> Iterator[ArtifactRef]:
@@ -122,7 +116,7 @@ KIND = ArtifactKind(
     table="drafters",
     key_column="drafter_id",
     discover=_discover,
-    frames=lambda ref, files, sha: drafter_frames(ref.source_path, ref.name, files, sha),
+    frames=drafter_frames,
     models={"drafters": DrafterModel},
     files=layout.DRAFTER_FILES,
 )

@@ -4,8 +4,6 @@ each is read and hashed on its own (`files` is a function of the ref)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pandera.polars as pa
@@ -14,18 +12,24 @@ import polars as pl
 from artifacts import layout
 from artifacts.documents import GateVerdictDocument, utc_datetime
 from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, document, table_schema
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
+from warehouse.frames import Files, canonical_json, document, to_frame
+from warehouse.kinds.base import check_place, file_kind, placed
+from warehouse.kinds.columns import (
+    Tool,
+    main_table,
+    optional_fields,
+    placed_columns,
+    source_columns,
+    tool_columns,
+)
 from warehouse.models import Strict
 
 OUTCOMES = ["consistent", "diverged", "incomplete"]
 CONTROL_KINDS = ["same_deployment", "cross_deployment"]
 
 
+@main_table("verdict", last=(Tool,))
 class GateVerdictModel(pa.DataFrameModel):
-    verdict_key: pl.String = pa.Field(unique=True)
-    verdict_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     treatment_variant: pl.String = pa.Field(str_length={"min_value": 1})
     treatment_capture_a: pl.String = pa.Field(str_length={"min_value": 1})
     treatment_capture_b: pl.String = pa.Field(str_length={"min_value": 1})
@@ -51,10 +55,6 @@ class GateVerdictModel(pa.DataFrameModel):
     envelope: pl.String = pa.Field(nullable=True)
     per_stratum: pl.String = pa.Field(nullable=True)
     created_utc: pl.Datetime = pa.Field(nullable=True)
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     @pa.dataframe_check(error="passed: a verdict passes exactly when its outcome is 'consistent'")
     def passed_matches_outcome(cls, data: Any) -> pl.LazyFrame:
@@ -77,12 +77,7 @@ def verdict_frames(
         raise ArtifactInvalid(
             f"{doc.verdict_id!r} does not match its file name ({name})", file=name, column="verdict_id"
         )
-    if doc.campaign_id != campaign_id:
-        raise ArtifactInvalid(
-            f"{doc.campaign_id!r} does not match its campaign directory ({campaign_id!r})",
-            file=name,
-            column="campaign_id",
-        )
+    check_place(name, doc, "its campaign directory", campaign_id=campaign_id)
     pairs, kinds = [], []
     for i, control in enumerate(doc.controls):
         if control.kind not in CONTROL_KINDS:
@@ -95,9 +90,7 @@ def verdict_frames(
     overall, rule = doc.treatment.overall, doc.rule
     envelope = doc.envelope.exact_match_rate if doc.envelope else None
     row: dict[str, Any] = {
-        "verdict_key": f"{campaign_id}/{verdict_id}",
-        "verdict_id": verdict_id,
-        "campaign_id": campaign_id,
+        **placed_columns("verdict", campaign_id, verdict_id),
         "treatment_variant": doc.treatment_variant,
         "treatment_capture_a": doc.treatment.a.capture_id,
         "treatment_capture_b": doc.treatment.b.capture_id,
@@ -113,35 +106,23 @@ def verdict_frames(
         "failed_checks": failed,
         "exact_match_rate": overall.exact_match_rate if overall else None,
         "envelope_exact_match_min": envelope.min if envelope else None,
-        "mean_prefix_fraction": overall.mean_prefix_fraction if overall else None,
-        "mean_edit_distance": overall.mean_edit_distance if overall else None,
-        "median_first_divergence": overall.median_first_divergence if overall else None,
-        "alpha": rule.alpha if rule else None,
-        "min_prompts": rule.min_prompts if rule else None,
-        "forced": rule.forced if rule else None,
+        **optional_fields(overall, "mean_prefix_fraction", "mean_edit_distance", "median_first_divergence"),
+        **optional_fields(rule, "alpha", "min_prompts", "forced"),
         "checks": canonical_json(doc.checks),
         "envelope": None if doc.envelope is None else canonical_json(doc.envelope),
         "per_stratum": None if doc.per_stratum is None else canonical_json(doc.per_stratum),
         "created_utc": utc_datetime(doc.created_utc),
-        "specgauge_version": doc.tool.specgauge_version if doc.tool else None,
-        "git_revision": doc.tool.git_revision if doc.tool else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **tool_columns(doc.tool),
+        **source_columns(source_path, sha256),
     }
-    return {"gate_verdicts": pl.DataFrame([row], schema=table_schema(GateVerdictModel), orient="row")}
+    return {"gate_verdicts": to_frame(GateVerdictModel, [row])}
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    # a verdict being written has a temporary '.' name: layout.verdict_files leaves it out
-    return file_refs("gate", layout.verdict_files(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = file_kind(
     name="gate",
     table="gate_verdicts",
     key_column="verdict_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: verdict_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    found=layout.verdict_files,
+    frames=placed(verdict_frames),
     models={"gate_verdicts": GateVerdictModel},
-    files=lambda ref: (f"{ref.name}.json",),  # the gates folder holds every verdict of the campaign
 )

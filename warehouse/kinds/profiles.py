@@ -6,8 +6,6 @@ ingested too, with null figures, as failed cells are.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pandera.polars as pa
@@ -17,7 +15,8 @@ from artifacts import ids, layout
 from artifacts.documents import ProfileBreakdown, ProfileCrossChecks, ProfileMeta, utc_datetime
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, canonical_json, document, to_frame
-from warehouse.kinds.base import ArtifactKind, ArtifactRef, directory_refs
+from warehouse.kinds.base import check_place, directory_kind, placed
+from warehouse.kinds.columns import main_table, optional_fields, placed_columns, source_columns, tool_columns
 from warehouse.models import METHODS, Strict
 
 PROFILERS = ["torch-profiler", "nsys"]
@@ -53,10 +52,8 @@ def _share_field() -> Any:
     return pa.Field(nullable=True, ge=-_EPS, le=1 + _EPS)
 
 
+@main_table("profile")
 class ProfileModel(pa.DataFrameModel):
-    profile_key: pl.String = pa.Field(unique=True)
-    profile_id: pl.String = pa.Field(str_length={"min_value": 1})
-    campaign_id: pl.String = pa.Field(str_length={"min_value": 1})
     deployment_id: pl.String = pa.Field(nullable=True)
     variant: pl.String = pa.Field(str_length={"min_value": 1})
     method: pl.String = pa.Field(isin=METHODS)
@@ -110,8 +107,6 @@ class ProfileModel(pa.DataFrameModel):
     cross_check_ok: pl.Boolean = pa.Field(nullable=True)
     trace_file: pl.String = pa.Field(nullable=True)
     trace_sha256: pl.String = pa.Field(nullable=True)
-    source_path: pl.String = pa.Field()
-    sha256: pl.String = pa.Field(str_length={"min_value": 64, "max_value": 64})
 
     Config = Strict
 
@@ -148,18 +143,8 @@ def profile_frames(
 ) -> dict[str, pl.DataFrame]:
     """The `profiles` row of one artifact. ArtifactInvalid names the file and field that is wrong."""
     meta = document(files, layout.META, ProfileMeta)
-    if meta.profile_id != profile_id:
-        raise ArtifactInvalid(
-            f"{meta.profile_id!r} does not match its directory ({profile_id!r})",
-            file=layout.META,
-            column="profile_id",
-        )
-    if meta.campaign_id != campaign_id:
-        raise ArtifactInvalid(
-            f"{meta.campaign_id!r} does not match its campaign directory ({campaign_id!r})",
-            file=layout.META,
-            column="campaign_id",
-        )
+    check_place(layout.META, meta, "its directory", profile_id=profile_id)
+    check_place(layout.META, meta, "its campaign directory", campaign_id=campaign_id)
     has_breakdown = layout.BREAKDOWN in files
     if meta.status == "ok" and not has_breakdown:
         raise ArtifactInvalid("status is ok but breakdown.json is missing", file=layout.BREAKDOWN)
@@ -168,9 +153,7 @@ def profile_frames(
     concurrency = meta.load.concurrency if meta.load else None
     seconds, shares, counters = b.seconds or {}, b.shares or {}, b.counters
     row: dict[str, Any] = {
-        "profile_key": f"{campaign_id}/{profile_id}",
-        "profile_id": profile_id,
-        "campaign_id": campaign_id,
+        **placed_columns("profile", campaign_id, profile_id),
         "deployment_id": meta.deployment_id,
         "variant": meta.variant.name,
         "method": meta.variant.method or "none",
@@ -187,8 +170,7 @@ def profile_frames(
         "profiler": meta.profiler,
         "launcher": meta.deployment.launcher if meta.deployment else None,
         "engine_version": meta.deployment.engine_version if meta.deployment else None,
-        "specgauge_version": meta.tool.specgauge_version if meta.tool else None,
-        "git_revision": meta.tool.git_revision if meta.tool else None,
+        **tool_columns(meta.tool),
         "hostname": meta.host.hostname if meta.host else None,
         "started_utc": utc_datetime(meta.started_utc),
         "ended_utc": utc_datetime(meta.ended_utc),
@@ -198,30 +180,23 @@ def profile_frames(
         **{column: seconds.get(key) for column, key in SECONDS.items()},
         **{share: shares.get(share) for share in SHARES},
         "apportioning": b.apportioning,
-        "drafts": counters.drafts if counters else None,
-        "draft_tokens": counters.draft_tokens if counters else None,
-        "accepted_tokens": counters.accepted_tokens if counters else None,
-        "acceptance_rate": counters.acceptance_rate if counters else None,
-        "accepted_per_position": counters.accepted_per_position if counters else None,
+        **optional_fields(
+            counters, "drafts", "draft_tokens", "accepted_tokens", "acceptance_rate", "accepted_per_position"
+        ),
         "cross_check_ok": _cross_check_ok(b.cross_checks),
         "trace_file": (meta.trace.file or meta.trace.pointer) if meta.trace else None,
         "trace_sha256": meta.trace.sha256 if meta.trace else None,
-        "source_path": source_path,
-        "sha256": sha256,
+        **source_columns(source_path, sha256),
     }
     return {"profiles": to_frame(ProfileModel, [row])}
 
 
-def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
-    yield from directory_refs("profile", layout.profiles_dir(campaign_dir), campaign_dir, prefix)
-
-
-KIND = ArtifactKind(
+KIND = directory_kind(
     name="profile",
     table="profiles",
     key_column="profile_key",
-    discover=_discover,
-    frames=lambda ref, files, sha: profile_frames(ref.source_path, ref.campaign_id, ref.name, files, sha),
+    folder=layout.profiles_dir,
+    frames=placed(profile_frames),
     models={"profiles": ProfileModel},
     files=layout.PROFILE_DOCUMENTS,
 )
