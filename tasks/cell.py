@@ -32,7 +32,13 @@ from tasks.load.runner import LoadPlan, run_load
 from tasks.load.workers import resolve_workers, run_load_workers
 from tasks.metrics import host_load
 from tasks.metrics.gauges import GaugeSampler
-from tasks.metrics.prometheus import ascrape, counter_delta, has_spec_decode, spec_decode_delta
+from tasks.metrics.prometheus import (
+    SpecDelta,
+    ascrape,
+    counter_delta,
+    has_spec_decode,
+    spec_decode_delta,
+)
 from tasks.metrics.summary import summarize_cell
 from workloads.schema import Corpus, Prompt
 
@@ -87,6 +93,17 @@ class _Window:
         self.after = await self._scrape()
 
 
+def _gauge_sampler(deployment: Deployment, load: LoadSpec, t0: float) -> GaugeSampler:
+    """The server's gauges sampled through the cell, on the records' clock (t0)."""
+    return GaugeSampler(
+        deployment.metrics_url,
+        deployment.served_model_name,
+        t0=t0,
+        interval_s=load.gauge_interval_s,
+        headers=deployment.headers(),
+    )
+
+
 async def _measure(
     deployment: Deployment,
     prompts: Sequence[Prompt],
@@ -107,13 +124,7 @@ async def _measure(
 
     authorization = deployment.authorization()  # Bearer api key, or Basic from the endpoint URL's userinfo
     if workers > 1:  # the streams split over worker processes, each with its own client (tasks/load/workers)
-        async with GaugeSampler(
-            deployment.metrics_url,
-            deployment.served_model_name,
-            t0=t0,
-            interval_s=load.gauge_interval_s,
-            headers=deployment.headers(),
-        ) as sampler:
+        async with _gauge_sampler(deployment, load, t0) as sampler:
             result = await run_load_workers(
                 deployment.base_url,
                 deployment.served_model_name,
@@ -137,13 +148,7 @@ async def _measure(
             timeout_s=load.request_timeout_s,
             max_connections=plan.connections(),
         ) as client,
-        GaugeSampler(
-            deployment.metrics_url,
-            deployment.served_model_name,
-            t0=t0,
-            interval_s=load.gauge_interval_s,
-            headers=deployment.headers(),
-        ) as sampler,
+        _gauge_sampler(deployment, load, t0) as sampler,
     ):
         result = await run_load(
             client,
@@ -209,6 +214,159 @@ def prompt_fit_problems(
     return problems, None
 
 
+@dataclass
+class _Measured:
+    """What a cell's load left behind, whatever stopped it: every request record made, the window's
+    scrapes, the gauges, and why it failed or was interrupted."""
+
+    records: list[RequestRecord]
+    window: _Window
+    gauges: pl.DataFrame
+    gauge_failures: int = 0
+    result: Any = None  # the load run's result; None when it did not finish
+    cpu: host_load.HostShares | None = None
+    error: str | None = None
+    interrupted: BaseException | None = None
+
+
+def _workers(
+    cell: CellPlan, load: LoadSpec, plan: LoadPlan, prompts: Sequence[Prompt], sampling: Sampling
+) -> int:
+    try:
+        return resolve_workers(load.workers, plan, prompts, sampling)
+    except (RuntimeError, OSError) as exc:  # `auto` could not measure the client: one process, as before
+        log.warning("cell %s: workers auto could not be resolved (%s); using one process", cell.cell_id, exc)
+        return 1
+
+
+def _measure_cell(
+    deployment: Deployment,
+    cell: CellPlan,
+    prompts: Sequence[Prompt],
+    plan: LoadPlan,
+    sampling: Sampling,
+    load: LoadSpec,
+    on_record: Callable[[RequestRecord], None] | None,
+    workers: int,
+) -> _Measured:
+    """Run the cell's load unless its prompts cannot be served as asked. Never raises: a failure or an
+    interruption is noted in what it returns, with the records made until then."""
+    measured = _Measured(records=[], window=_Window(deployment), gauges=pl.DataFrame(schema=GAUGE_SCHEMA))
+    misfits, skipped = prompt_fit_problems(deployment, prompts, sampling)
+    if skipped:
+        log.info("cell %s: prompt lengths not checked: %s", cell.cell_id, skipped)
+    if misfits:  # refused before any request: a cell whose prompts cannot run as asked measures nothing
+        measured.error = (
+            f"{len(misfits)} of {len(prompts)} prompts do not fit the model's context: " + "; ".join(misfits)
+        )
+        log.error("cell %s refused: %s", cell.cell_id, measured.error)
+        return measured
+    cpu_before = host_load.snapshot()
+    try:
+        measured.result, measured.window, measured.gauges, measured.gauge_failures = asyncio.run(
+            _measure(deployment, prompts, plan, sampling, load, measured.records, on_record, workers)
+        )
+        measured.records = measured.result.records
+        measured.cpu = host_load.shares(cpu_before, host_load.snapshot())
+    except Exception as exc:  # the cell is recorded as failed with everything measured so far
+        measured.error = f"{type(exc).__name__}: {exc}"
+        log.exception("cell %s failed", cell.cell_id)
+    except BaseException as exc:
+        # Ctrl-C, SIGTERM, a cancelled flow run: write what was measured, then stop.
+        measured.interrupted = exc
+        measured.error = (
+            f"interrupted ({type(exc).__name__}): stopped before it finished; the requests that ended "
+            "are kept"
+        )
+        log.warning("cell %s interrupted; writing what it measured", cell.cell_id)
+    return measured
+
+
+def _server_figures(
+    deployment: Deployment, window: _Window
+) -> tuple[SpecDelta | None, int | None, list[str]]:
+    """The speculation and generated-token deltas between the window's scrapes, and what kept them from
+    being read (a scrape missing, a counter reset)."""
+    spec = None
+    generation_delta = None
+    problems = list(window.problems)
+    if window.before is not None and window.after is not None:
+        try:
+            if deployment.variant.speculative and has_spec_decode(window.after, deployment.served_model_name):
+                spec = spec_decode_delta(window.before, window.after, deployment.served_model_name)
+            generation_delta = counter_delta(
+                window.before, window.after, "vllm:generation_tokens", deployment.served_model_name
+            )
+        except CounterReset as exc:
+            problems.append(f"counter reset (server restarted): {exc}")
+        except MetricsError as exc:
+            problems.append(str(exc))
+    return spec, generation_delta, problems
+
+
+def _cell_summary(
+    frame: pl.DataFrame,
+    measured: _Measured,
+    spec: SpecDelta | None,
+    generation_delta: int | None,
+    slo: SLO,
+) -> CellSummary:
+    result = measured.result
+    window_s = None
+    if result is not None and result.measured_start_s is not None and result.measured_end_s is not None:
+        window_s = (result.measured_start_s, result.measured_end_s)
+    summary = summarize_cell(
+        frame,
+        spec=spec,
+        generation_tokens_delta=generation_delta,
+        gauges=measured.gauges,
+        slo=slo,
+        measured_window=window_s,
+        gauge_scrape_failures=measured.gauge_failures,
+    )
+    cpu = measured.cpu
+    if cpu is not None:
+        summary.host = HostLoad(
+            cpus=cpu.cpus, busy_share=cpu.busy, ours_share=cpu.ours, other_share=cpu.other
+        )
+    return summary
+
+
+def _judge(
+    summary: CellSummary,
+    error: str | None,
+    server_problems: list[str],
+    drafter_before: dict[str, Any] | None,
+    drafter_after: dict[str, Any] | None,
+) -> None:
+    """Set the summary's status and error: the measurement's own error first, else the first of every
+    request failed, the server's /metrics unusable, the drafter swapped during the cell."""
+    counts = summary.requests
+    assert counts is not None  # summarize_cell always counts
+    if error is None and counts.total and counts.ok == 0:
+        error = "every measured request failed: " + ", ".join(
+            f"{k}={v}" for k, v in (counts.errors or {}).items()
+        )
+    if server_problems:
+        # Without both /metrics scrapes the cell's server-side figures (speculation, token cross-check) are
+        # missing or wrong: the cell is failed (design.md), its request records are kept.
+        summary.server_valid = False
+        summary.server_problem = "; ".join(server_problems)
+        restarted = [p for p in server_problems if "counter reset" in p]
+        if error is None and restarted:
+            error = "the server restarted during the cell (a counter went down): " + restarted[0]
+        elif error is None:
+            error = "the server's /metrics could not be used: " + "; ".join(server_problems)
+    swapped = (drafter_before or {}).get("sha256") != (drafter_after or {}).get("sha256")
+    if error is None and swapped:  # the window measured two heads: neither's figures
+        error = (
+            f"the drafter was swapped during the cell ({(drafter_before or {}).get('sha256')} -> "
+            f"{(drafter_after or {}).get('sha256')})"
+        )
+    summary.status = "failed" if error else "ok"
+    summary.error = error
+
+
 def run_cell(
     deployment: Deployment,
     cell: CellPlan,
@@ -231,105 +389,15 @@ def run_cell(
     layout.next_cell_attempt(cells_dir, cell.cell_id)
     prompts = corpus.stratum(cell.workload)
     plan = load_plan(cell, load, seed)
-    try:
-        workers = resolve_workers(load.workers, plan, prompts, sampling)
-    except (RuntimeError, OSError) as exc:  # `auto` could not measure the client: one process, as before
-        log.warning("cell %s: workers auto could not be resolved (%s); using one process", cell.cell_id, exc)
-        workers = 1
-    records: list[RequestRecord] = []
-    cpu: host_load.HostShares | None = None
+    workers = _workers(cell, load, plan, prompts, sampling)
     started = utc_now()
-    error: str | None = None
-    interrupted: BaseException | None = None
-    result = None
-    window = _Window(deployment)
     drafter = current_drafter(deployment)  # the head serving as the cell starts (a hot swap changes it)
-    gauges = pl.DataFrame(schema=GAUGE_SCHEMA)
-    gauge_failures = 0
-    misfits, skipped = prompt_fit_problems(deployment, prompts, sampling)
-    if skipped:
-        log.info("cell %s: prompt lengths not checked: %s", cell.cell_id, skipped)
-    if misfits:  # refused before any request: a cell whose prompts cannot run as asked measures nothing
-        error = f"{len(misfits)} of {len(prompts)} prompts do not fit the model's context: " + "; ".join(
-            misfits
-        )
-        log.error("cell %s refused: %s", cell.cell_id, error)
-    else:
-        cpu_before = host_load.snapshot()
-        try:
-            result, window, gauges, gauge_failures = asyncio.run(
-                _measure(deployment, prompts, plan, sampling, load, records, on_record, workers)
-            )
-            records = result.records
-            cpu = host_load.shares(cpu_before, host_load.snapshot())
-        except Exception as exc:  # the cell is recorded as failed with everything measured so far
-            error = f"{type(exc).__name__}: {exc}"
-            log.exception("cell %s failed", cell.cell_id)
-        except BaseException as exc:
-            # Ctrl-C, SIGTERM, a cancelled flow run: write what was measured, then stop.
-            interrupted = exc
-            error = (
-                f"interrupted ({type(exc).__name__}): stopped before it finished; the requests that ended "
-                "are kept"
-            )
-            log.warning("cell %s interrupted; writing what it measured", cell.cell_id)
-    frame = records_frame(records)
-
-    spec = None
-    generation_delta = None
-    server_problems = list(window.problems)
-    if window.before is not None and window.after is not None:
-        try:
-            if deployment.variant.speculative and has_spec_decode(window.after, deployment.served_model_name):
-                spec = spec_decode_delta(window.before, window.after, deployment.served_model_name)
-            generation_delta = counter_delta(
-                window.before, window.after, "vllm:generation_tokens", deployment.served_model_name
-            )
-        except CounterReset as exc:
-            server_problems.append(f"counter reset (server restarted): {exc}")
-        except MetricsError as exc:
-            server_problems.append(str(exc))
-    measured = None
-    if result is not None and result.measured_start_s is not None and result.measured_end_s is not None:
-        measured = (result.measured_start_s, result.measured_end_s)
-    summary = summarize_cell(
-        frame,
-        spec=spec,
-        generation_tokens_delta=generation_delta,
-        gauges=gauges,
-        slo=slo,
-        measured_window=measured,
-        gauge_scrape_failures=gauge_failures,
-    )
-    if cpu is not None:
-        summary.host = HostLoad(
-            cpus=cpu.cpus, busy_share=cpu.busy, ours_share=cpu.ours, other_share=cpu.other
-        )
-    counts = summary.requests
-    assert counts is not None  # summarize_cell always counts
-    if error is None and counts.total and counts.ok == 0:
-        error = "every measured request failed: " + ", ".join(
-            f"{k}={v}" for k, v in (counts.errors or {}).items()
-        )
-    if server_problems:
-        # Without both /metrics scrapes the cell's server-side figures (speculation, token cross-check) are
-        # missing or wrong: the cell is failed (design.md), its request records are kept.
-        summary.server_valid = False
-        summary.server_problem = "; ".join(server_problems)
-        restarted = [p for p in server_problems if "counter reset" in p]
-        if error is None and restarted:
-            error = "the server restarted during the cell (a counter went down): " + restarted[0]
-        elif error is None:
-            error = "the server's /metrics could not be used: " + "; ".join(server_problems)
+    measured = _measure_cell(deployment, cell, prompts, plan, sampling, load, on_record, workers)
+    frame = records_frame(measured.records)
+    spec, generation_delta, server_problems = _server_figures(deployment, measured.window)
+    summary = _cell_summary(frame, measured, spec, generation_delta, slo)
     drafter_after = current_drafter(deployment)
-    swapped = (drafter or {}).get("sha256") != (drafter_after or {}).get("sha256")
-    if error is None and swapped:  # the window measured two heads: neither's figures
-        error = (
-            f"the drafter was swapped during the cell ({(drafter or {}).get('sha256')} -> "
-            f"{(drafter_after or {}).get('sha256')})"
-        )
-    summary.status = "failed" if error else "ok"
-    summary.error = error
+    _judge(summary, measured.error, server_problems, drafter, drafter_after)
 
     final, attempt = layout.next_cell_attempt(cells_dir, cell.cell_id)
     meta = CellMeta.model_validate(
@@ -362,20 +430,21 @@ def run_cell(
             "deployment": {**deployment.to_json(), "drafter": drafter_after},  # the head it measured
             "tool": tool_facts(),
             "host": host_facts(),
-            "t0_utc": result.t0_utc if result is not None else started,
+            "t0_utc": measured.result.t0_utc if measured.result is not None else started,
             "started_utc": started,
             "ended_utc": utc_now(),
-            "capped": bool(result.capped) if result is not None else None,
+            "capped": bool(measured.result.capped) if measured.result is not None else None,
             "attempt": attempt,
         }
     )
+    window = measured.window
     with atomic_dir(final) as tmp:
         write_json(tmp / layout.META, meta)
         write_json(tmp / layout.SUMMARY, summary)
         frame.write_parquet(tmp / layout.REQUESTS)
-        gauges.write_parquet(tmp / layout.GAUGES)
+        measured.gauges.write_parquet(tmp / layout.GAUGES)
         (tmp / layout.METRICS_BEFORE).write_text(window.before or "")
         (tmp / layout.METRICS_AFTER).write_text(window.after or "")
-    if interrupted is not None:
-        raise interrupted
+    if measured.interrupted is not None:
+        raise measured.interrupted
     return CellOutcome(cell_id=cell.cell_id, path=final, status=summary.status, summary=summary)

@@ -33,6 +33,7 @@ from artifacts.store import write_json_atomic
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now
 from tasks.capture import Capture, Output, load_capture
+from tasks.launch.argv import without_options
 
 GATE_FORMAT = 1
 MIN_PROMPTS = 32
@@ -316,23 +317,10 @@ def _configuration(capture: Capture) -> dict[str, Any]:
     """What makes two deployments 'one configuration': the variant and the engine command, less the
     address it listened on."""
     deployment = capture.meta.get("deployment") or {}
-    command = list(deployment.get("command") or [])
-    kept: list[str] = []
-    skip = False
-    for arg in command:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--port", "--host"):
-            skip = True
-            continue
-        if arg.startswith(("--port=", "--host=")):
-            continue
-        kept.append(arg)
     return {
         "variant": capture.meta.get("variant"),
         "served_model_name": deployment.get("served_model_name"),
-        "command": kept,
+        "command": without_options(deployment.get("command") or [], ("--port", "--host"), joined=True),
     }
 
 

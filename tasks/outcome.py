@@ -54,16 +54,23 @@ def failed_cells(slots: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+def _ms(seconds: float | None) -> str:
+    """A latency for people: milliseconds to one decimal, or n/a."""
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
 def cell_log_line(cell_id: str, status: str, summary: CellSummary) -> str:
-    """One line for the run log: a cell's headline figures, or why it failed."""
+    """One line for the run log: a cell's headline figures, rounded and with their units, or why it failed."""
     if status != "ok":
         return f"{cell_id} failed: {summary.error}"
     requests, latency = summary.requests, summary.latency_s
     ttft = latency.ttft.p50 if latency and latency.ttft else None
     tpot = latency.tpot.p50 if latency and latency.tpot else None
+    throughput = summary.output_throughput_tok_s
+    rate = "n/a" if throughput is None else f"{throughput:.1f}"
     return (
         f"{cell_id}: {requests.ok if requests else 0}/{requests.total if requests else 0} ok, "
-        f"{summary.output_throughput_tok_s or 0:.1f} tok/s, TTFT p50 {ttft or 0:.3f} s, TPOT p50 {tpot}"
+        f"{rate} tok/s, TTFT p50 {_ms(ttft)}, TPOT p50 {_ms(tpot)}"
     )
 
 

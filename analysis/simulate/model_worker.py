@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+# What both torch workers share (tasks/drafters/torch_worker.py), imported by its folder: see its docstring.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tasks" / "drafters"))
+import torch_worker
 
 
 def _dtype(name: str):
@@ -39,13 +41,7 @@ def tokenize(request: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(request["tokenizer"])
-    prompts = []
-    for messages in request["conversations"]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-            ids = ids["input_ids"]
-        prompts.append([int(t) for t in ids])
-    return {"prompts": prompts}
+    return {"prompts": torch_worker.chat_prompt_ids(tokenizer, request["conversations"])}
 
 
 def _top(logits, top: int) -> list[list[int]]:
@@ -77,25 +73,17 @@ def draft_ranks(request: dict[str, Any]) -> dict[str, Any]:
 
 def _eagle_modules(request: dict[str, Any]):
     import torch
-    from safetensors.torch import load_file
 
-    sys.path.insert(0, str(MODELS_DIR))
-    from train_eagle3 import FeatureTap, build_head, head_config_for, load_target
-
+    te = torch_worker.train_eagle3()
     dtype = _dtype(request["dtype"])
     target_dir, head_dir = Path(request["target"]), Path(request["head"])
     head_file = json.loads((head_dir / "config.json").read_text())
     aux_layers = sorted(head_file["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    target = load_target(target_dir, torch.device("cpu")).to(dtype)
-    config = head_config_for(json.loads((target_dir / "config.json").read_text()), aux_layers)
-    head = build_head(config, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach())
-    missing, unexpected = head.load_state_dict(load_file(str(head_dir / "model.safetensors")), strict=False)
-    if unexpected or any(not name.startswith("embed_tokens") for name in missing):
-        raise SystemExit(
-            f"{head_dir}: weights do not fit the head: missing {missing}, unexpected {unexpected}"
-        )
+    target = te.load_target(target_dir, torch.device("cpu")).to(dtype)
+    _, head = torch_worker.new_head(target, target_dir, aux_layers)
+    torch_worker.load_head_weights(head, head_dir)
     head = head.to(dtype).eval()
-    return target, head, FeatureTap(target, aux_layers)
+    return target, head, te.FeatureTap(target, aux_layers)
 
 
 def eagle_ranks(request: dict[str, Any]) -> dict[str, Any]:
@@ -178,15 +166,9 @@ def serve() -> int:
 
 
 def main() -> int:
-    import torch
-
     if "--serve" in sys.argv[1:]:
         return serve()
-    request = json.load(sys.stdin)
-    torch.set_num_threads(int(request.get("threads", 1)))
-    answer = OPS[request["op"]](request)
-    json.dump(answer, sys.stdout)
-    return 0
+    return torch_worker.run_once(OPS)
 
 
 if __name__ == "__main__":

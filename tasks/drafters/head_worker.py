@@ -30,27 +30,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+# What both torch workers share, beside this file (on sys.path already when run as a script; not when this
+# file is imported as a module): see torch_worker's docstring.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_worker
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def _train_eagle3():
-    sys.path.insert(0, str(MODELS_DIR))
-    import train_eagle3
-
-    return train_eagle3
 
 
 def tokenize(request: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(request["tokenizer"])
-    prompts = []
-    for messages in request["conversations"]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-            ids = ids["input_ids"]
-        prompts.append([int(t) for t in ids])
+    prompts = torch_worker.chat_prompt_ids(tokenizer, request["conversations"])
     encoded = (
         [
             [int(t) for t in ids]
@@ -66,7 +58,7 @@ def hidden_states(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from safetensors.torch import save_file
 
-    te = _train_eagle3()
+    te = torch_worker.train_eagle3()
     device = torch.device(request.get("device", "cpu"))
     target = _compute_dtype(te.load_target(Path(request["target"]), device), device)
     aux_layers = sorted(int(i) for i in request["aux_layers"])
@@ -132,39 +124,21 @@ class StoredFeatures:
         return aux_out, logits
 
 
-def train(request: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    te = _train_eagle3()
-    hp = request["hyperparameters"]
-    seed = int(hp.get("seed", 0))
-    torch.manual_seed(seed)
-    device = torch.device(request.get("device", "cpu"))
-    target_dir = Path(request["target"])
-    target = _compute_dtype(te.load_target(target_dir, device), device)
+def _head_to_train(request: dict[str, Any], target, device) -> tuple[dict[str, Any], Any]:
+    """(config.json, the head on `device`): a new head, or the parent's weights to fine-tune."""
     aux_layers = sorted(int(i) for i in request["aux_layers"])
-    config = te.head_config_for(json.loads((target_dir / "config.json").read_text()), aux_layers)
-    head = te.build_head(config, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach())
+    config, head = torch_worker.new_head(target, Path(request["target"]), aux_layers)
     parent = request.get("parent")
     if parent:
-        missing, unexpected = head.load_state_dict(
-            {k: v.float() for k, v in load_file(str(Path(parent) / "model.safetensors")).items()},
-            strict=False,
-        )
-        if unexpected or any(not name.startswith("embed_tokens") for name in missing):
-            raise SystemExit(
-                f"{parent}: weights do not fit the head: missing {missing}, unexpected {unexpected}"
-            )
-    head = head.to(device)
-    features = StoredFeatures(request["states"], target, device)
-    examples = [(e["ids"], e["prompt_len"], e["stratum"]) for e in request["examples"]]
-    train_rows = [i for i, e in enumerate(request["examples"]) if not e["held_out"]]
-    held_rows = [i for i, e in enumerate(request["examples"]) if e["held_out"]]
-    pad = int(request["pad"])
-    steps_k = int(hp["ttt_steps"])
-    decay = [float(hp["step_decay"]) ** j for j in range(steps_k)]
-    prompt_weight = float(hp["prompt_weight"])
+        torch_worker.load_head_weights(head, parent)
+    return config, head.to(device)
+
+
+def _optimizer(head, hp: dict[str, Any]):
+    """(trainable parameters, AdamW, its scheduler): the learning rate warms up linearly over the first 5% of
+    the steps, then follows a half cosine down to 5% of its peak."""
+    import torch
+
     total_steps = int(hp["steps"])
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=float(hp["lr"]), betas=(0.9, 0.95), weight_decay=0.01)
@@ -176,7 +150,59 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
         span = max(total_steps - warmup, 1)
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / span))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return trainable, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def _batch_loss(te, head, batch, decay: list[float], prompt_weight: float):
+    """(the training-time-test loss over len(decay) draft steps, each step's own loss rounded): soft
+    cross-entropy to the target, step j weighted decay[j]."""
+    ids, lengths, prompt_lengths, aux, teacher = batch
+    logits = head(aux, ids, len(decay))
+    total, parts = 0.0, []
+    for j in range(len(decay)):
+        terms = te.step_terms(logits[j], teacher, ids, lengths, prompt_lengths, j, prompt_weight)
+        if terms is None:
+            continue
+        soft_ce, weight, _, _ = terms
+        part = (soft_ce * weight).sum() / weight.sum().clamp(min=1.0)
+        total = total + decay[j] * part
+        parts.append(round(part.item(), 4))
+    return total / sum(decay), parts
+
+
+def _write_head(out: Path, state: dict[str, Any], config: dict[str, Any], target_dir: Path) -> None:
+    """The head folder vLLM loads: weights, config.json and the target's tokenizer files."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:  # the target's files, byte for byte: the tokenizer hash must match
+        if (target_dir / name).exists():
+            shutil.copyfile(target_dir / name, out / name)
+
+
+def train(request: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    te = torch_worker.train_eagle3()
+    hp = request["hyperparameters"]
+    seed = int(hp.get("seed", 0))
+    torch.manual_seed(seed)  # before the new head's weights are drawn
+    device = torch.device(request.get("device", "cpu"))
+    target_dir = Path(request["target"])
+    target = _compute_dtype(te.load_target(target_dir, device), device)
+    config, head = _head_to_train(request, target, device)
+    features = StoredFeatures(request["states"], target, device)
+    examples = [(e["ids"], e["prompt_len"], e["stratum"]) for e in request["examples"]]
+    train_rows = [i for i, e in enumerate(request["examples"]) if not e["held_out"]]
+    held_rows = [i for i, e in enumerate(request["examples"]) if e["held_out"]]
+    pad = int(request["pad"])
+    steps_k = int(hp["ttt_steps"])
+    decay = [float(hp["step_decay"]) ** j for j in range(steps_k)]
+    prompt_weight = float(hp["prompt_weight"])
+    total_steps = int(hp["steps"])
+    trainable, optimizer, scheduler = _optimizer(head, hp)
     rng = random.Random(seed)
     batch_tokens = int(hp["batch_tokens"])
     train_examples = [examples[i] for i in train_rows]
@@ -210,17 +236,9 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
         ids, lengths, prompt_lengths = te.collate(examples, rows, pad, device)
         aux, teacher = features.batch(rows, ids.shape[1])
         with autocast:
-            logits = head(aux, ids, steps_k)
-            total, parts = 0.0, []
-            for j in range(steps_k):
-                terms = te.step_terms(logits[j], teacher, ids, lengths, prompt_lengths, j, prompt_weight)
-                if terms is None:
-                    continue
-                soft_ce, weight, _, _ = terms
-                part = (soft_ce * weight).sum() / weight.sum().clamp(min=1.0)
-                total = total + decay[j] * part
-                parts.append(round(part.item(), 4))
-            total = total / sum(decay)
+            total, parts = _batch_loss(
+                te, head, (ids, lengths, prompt_lengths, aux, teacher), decay, prompt_weight
+            )
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -242,13 +260,7 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
                 best = {"score": score, "step": step, "state": head.vllm_state_dict()}
         curve.append(entry)
         print(f"[train] {json.dumps(entry)}", file=sys.stderr, flush=True)
-    out = Path(request["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(best["state"], str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in TOKENIZER_FILES:  # the target's files, byte for byte: the tokenizer hash must match
-        if (target_dir / name).exists():
-            shutil.copyfile(target_dir / name, out / name)
+    _write_head(Path(request["out"]), best["state"], config, target_dir)
     return {
         "curve": curve,
         "kept_step": best["step"],
@@ -265,15 +277,5 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
 OPS = {"tokenize": tokenize, "hidden_states": hidden_states, "train": train}
 
 
-def main() -> int:
-    import torch
-
-    request = json.load(sys.stdin)
-    torch.set_num_threads(int(request.get("threads", 1)))
-    answer = OPS[request["op"]](request)
-    json.dump(answer, sys.stdout)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(torch_worker.run_once(OPS))

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from experiments.spec import ClusterLaunchSpec, EndpointLaunchSpec, LaunchSpec
 from tasks.launch.command import ENGINE_MODULE
@@ -27,6 +35,18 @@ _SBATCH_OPTION = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9._:,/+@=%-]+)?$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 _MEMORY = re.compile(r"^\d+[KMGT]?$")
 _PLACEHOLDERS = frozenset({"mounts", "environment"})
+# ClusterConfig's text fields that must match a pattern, and what the error says after the value if not.
+_PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
+    **dict.fromkeys(
+        ("name", "partition", "account", "sml_system", "served_org", "arch"),
+        (SAFE_NAME, ": only letters, digits, '.', '_' and '-'"),
+    ),
+    "time_limit": (_TIME, " is not a SLURM time ([D-]HH:MM:SS)"),
+    "memory": (_MEMORY, " is not a SLURM --mem value (e.g. 200G)"),
+    **dict.fromkeys(
+        ("remote_dir", "sml_path"), (SAFE_PATH, ": paths may hold letters, digits and ._/~+@=- only")
+    ),
+}
 
 
 class EndpointConfig(BaseModel):
@@ -100,32 +120,12 @@ class ClusterConfig(BaseModel):
     served_org: str = "specgauge"
     nodes_per_replica: int = Field(default=1, gt=0)
 
-    @field_validator("name", "partition", "account", "sml_system", "served_org", "arch")
+    @field_validator(*_PATTERNS)
     @classmethod
-    def safe_name(cls, value: str | None) -> str | None:
-        if value is not None and not SAFE_NAME.fullmatch(value):
-            raise ValueError(f"{value!r}: only letters, digits, '.', '_' and '-'")
-        return value
-
-    @field_validator("time_limit")
-    @classmethod
-    def slurm_time(cls, value: str) -> str:
-        if not _TIME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a SLURM time ([D-]HH:MM:SS)")
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def slurm_memory(cls, value: str | None) -> str | None:
-        if value is not None and not _MEMORY.fullmatch(value):
-            raise ValueError(f"{value!r} is not a SLURM --mem value (e.g. 200G)")
-        return value
-
-    @field_validator("remote_dir", "sml_path")
-    @classmethod
-    def safe_path(cls, value: str) -> str:
-        if not SAFE_PATH.fullmatch(value):
-            raise ValueError(f"{value!r}: paths may hold letters, digits and ._/~+@=- only")
+    def matches_its_pattern(cls, value: str | None, info: ValidationInfo) -> str | None:
+        pattern, problem = _PATTERNS[info.field_name or ""]
+        if value is not None and not pattern.fullmatch(value):
+            raise ValueError(f"{value!r}{problem}")
         return value
 
     @field_validator("extra_sbatch")

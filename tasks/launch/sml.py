@@ -21,6 +21,7 @@ from typing import Any, Literal
 from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
 from specgauge.errors import InputError, LaunchError
 from specgauge.redact import redact_text
+from tasks.launch.argv import without_options
 from tasks.launch.base import Deployment
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import vllm_args
@@ -116,17 +117,7 @@ def unique_served_name(
 def framework_args(target: TargetSpec, variant: Variant) -> list[str]:
     """vLLM's arguments as sml forwards them: without the options sml sets itself."""
     args = vllm_args(target, variant, served_model_name="-", host="0.0.0.0", port=SML_PORT)
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in _OWNED_BY_SML:
-            skip = True
-            continue
-        out.append(arg)
-    return out
+    return without_options(args, _OWNED_BY_SML)
 
 
 def sml_command(

@@ -179,6 +179,73 @@ def _gauge_summary(
     )
 
 
+def _wall_s(measured: pl.DataFrame) -> float | None:
+    """From the first measured request sent to the last one ended (None without a positive span)."""
+    start = measured["sent_s"].drop_nulls().to_numpy()
+    end = measured.select(pl.coalesce("ended_s", "last_token_s")).to_series().drop_nulls().to_numpy()
+    return float(end.max() - start.min()) if start.size and end.size and end.max() > start.min() else None
+
+
+def _latency(ok: pl.DataFrame) -> Latency:
+    """The successful requests' latency distributions (TPOT over those of at least 2 tokens)."""
+    tpot_rows = ok.filter(pl.col("completion_tokens") >= 2)
+    return Latency(
+        ttft=Distribution(**distribution(ok["ttft_s"].drop_nulls().to_numpy())),
+        tpot=Distribution(**distribution(tpot_rows["tpot_s"].drop_nulls().to_numpy())),
+        e2e=Distribution(**distribution(ok["e2e_s"].drop_nulls().to_numpy())),
+        chunk_gap=Distribution(**distribution(chunk_gaps(ok))),
+        itl_per_token=Distribution(**distribution(itl_per_token(ok))),
+    )
+
+
+def _good_requests(ok: pl.DataFrame, slo: SLO) -> int:
+    """Goodput's count: a request is good when it succeeded, TTFT <= the TTFT SLO and TPOT <= the TPOT SLO.
+    A request of fewer than 2 tokens has no TPOT and meets that half (as in vLLM's bench). Failures miss."""
+    return ok.filter(
+        (pl.col("ttft_s") <= slo.ttft_p99_s)
+        & ((pl.col("completion_tokens") < 2) | (pl.col("tpot_s") <= slo.tpot_p99_s)).fill_null(False)
+    ).height
+
+
+def _speculation(
+    spec: SpecDelta | None, tokens: int, tokens_basis: str, tpot_mean: float | None
+) -> Speculation | None:
+    """The speculation block over `tokens` generated tokens (None for a plain deployment)."""
+    if spec is None:
+        return None
+    steps = tokens - spec.accepted_tokens
+    return Speculation(
+        **spec.to_json(),
+        accepted_per_position=dict(spec.accepted_per_position),
+        decode_steps=steps,
+        inferred_step_time_s=tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None,
+        tokens=tokens,
+        tokens_basis=tokens_basis,
+    )
+
+
+def _generation_tokens_check(
+    requests: pl.DataFrame,
+    measured_window: tuple[float, float] | None,
+    client_tokens: int,
+    generation_tokens_delta: int | None,
+) -> GenerationTokensCheck:
+    window_problem = _window_problem(requests, measured_window)
+    check = GenerationTokensCheck(
+        client=client_tokens,
+        server=generation_tokens_delta,
+        rel_diff=_rel_diff(client_tokens, generation_tokens_delta),
+        ok=None,
+        tolerance=GENERATION_TOKENS_TOLERANCE,
+        note=window_problem,
+    )
+    # Judged unless the window is known to hold other tokens (warm-up overlap, requests outside it).
+    rel = check.rel_diff
+    if rel is not None and (measured_window is None or window_problem is None):
+        check.ok = abs(rel) <= GENERATION_TOKENS_TOLERANCE
+    return check
+
+
 def summarize_cell(
     requests: pl.DataFrame,
     *,
@@ -204,33 +271,15 @@ def summarize_cell(
     ok = measured.filter(pl.col("ok").fill_null(False))
     failed = measured.filter(~pl.col("ok").fill_null(False))
     total, n_ok = measured.height, ok.height
-
-    start = measured["sent_s"].drop_nulls().to_numpy()
-    end = measured.select(pl.coalesce("ended_s", "last_token_s")).to_series().drop_nulls().to_numpy()
-    wall = float(end.max() - start.min()) if start.size and end.size and end.max() > start.min() else None
+    wall = _wall_s(measured)
 
     completion_tokens = int(ok["completion_tokens"].fill_null(0).sum())
     prompt_tokens = int(ok["prompt_tokens"].fill_null(0).sum())
     chunks = int(ok["chunks"].sum())
     tokens_per_chunk = completion_tokens / chunks if chunks else None
-
     errors = failed.group_by(pl.col("error_class").fill_null("unknown")).len().sort("error_class").rows()
-
-    tpot_rows = ok.filter(pl.col("completion_tokens") >= 2)
-    latency = Latency(
-        ttft=Distribution(**distribution(ok["ttft_s"].drop_nulls().to_numpy())),
-        tpot=Distribution(**distribution(tpot_rows["tpot_s"].drop_nulls().to_numpy())),
-        e2e=Distribution(**distribution(ok["e2e_s"].drop_nulls().to_numpy())),
-        chunk_gap=Distribution(**distribution(chunk_gaps(ok))),
-        itl_per_token=Distribution(**distribution(itl_per_token(ok))),
-    )
-
-    # Goodput: a request is good when it succeeded, TTFT <= the TTFT SLO and TPOT <= the TPOT SLO. A
-    # request of fewer than 2 tokens has no TPOT and meets that half (as in vLLM's bench). Failures miss.
-    good = ok.filter(
-        (pl.col("ttft_s") <= slo.ttft_p99_s)
-        & ((pl.col("completion_tokens") < 2) | (pl.col("tpot_s") <= slo.tpot_p99_s)).fill_null(False)
-    ).height
+    latency = _latency(ok)
+    good = _good_requests(ok, slo)
 
     # T for the speculation block: the server's generated tokens in the window when known (the same
     # window and requests as its accepted count), else the client's measured completion tokens.
@@ -238,31 +287,6 @@ def summarize_cell(
     tokens = generation_tokens_delta if generation_tokens_delta is not None else client_tokens_all
     tokens_basis = "server" if generation_tokens_delta is not None else "client"
     tpot_mean = latency.tpot.mean if latency.tpot else None
-    speculation = None
-    if spec is not None:
-        steps = tokens - spec.accepted_tokens
-        speculation = Speculation(
-            **spec.to_json(),
-            accepted_per_position=dict(spec.accepted_per_position),
-            decode_steps=steps,
-            inferred_step_time_s=tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None,
-            tokens=tokens,
-            tokens_basis=tokens_basis,
-        )
-
-    window_problem = _window_problem(requests, measured_window)
-    generation_check = GenerationTokensCheck(
-        client=client_tokens_all,
-        server=generation_tokens_delta,
-        rel_diff=_rel_diff(client_tokens_all, generation_tokens_delta),
-        ok=None,
-        tolerance=GENERATION_TOKENS_TOLERANCE,
-        note=window_problem,
-    )
-    # Judged unless the window is known to hold other tokens (warm-up overlap, requests outside it).
-    rel = generation_check.rel_diff
-    if rel is not None and (measured_window is None or window_problem is None):
-        generation_check.ok = abs(rel) <= GENERATION_TOKENS_TOLERANCE
 
     status, error = "ok", None
     if total == 0:
@@ -299,10 +323,12 @@ def summarize_cell(
             share=good / total if total else None,
             rate_rps=per_wall(good),
         ),
-        speculation=speculation,
+        speculation=_speculation(spec, tokens, tokens_basis, tpot_mean),
         cross_checks=CrossChecks(
             tokens_per_chunk_vs_acceptance_length=_tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
-            completion_tokens_vs_generation_tokens=generation_check,
+            completion_tokens_vs_generation_tokens=_generation_tokens_check(
+                requests, measured_window, client_tokens_all, generation_tokens_delta
+            ),
             streamed_token_by_token=_burst_check(ok),
         ),
         gauges=_gauge_summary(gauges, measured_window, gauge_scrape_failures),

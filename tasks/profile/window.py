@@ -20,7 +20,7 @@ import gzip
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,111 @@ def _requests_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+class _ProfilerSwitch:
+    """Turns vLLM's profiler on and off at the measured window's edges, scraping /metrics at each, and
+    keeps what happened for meta.json."""
+
+    def __init__(self, deployment: Deployment, stop_timeout_s: float) -> None:
+        self.deployment = deployment
+        self.headers = deployment.headers()
+        self.stop_timeout_s = stop_timeout_s
+        self.started = False
+        self.stopped = False
+        self.metrics_before: str | None = None
+        self.metrics_after: str | None = None
+        self.window_started_utc: str | None = None
+        self.window_ended_utc: str | None = None
+        self.stop_profile_s: float | None = None
+
+    async def start(self) -> None:
+        async with httpx.AsyncClient(headers=self.headers) as client:
+            self.metrics_before = await prometheus.ascrape(
+                self.deployment.metrics_url, headers=self.headers, client=client
+            )
+            await _post(client, f"{self.deployment.base_url}/start_profile", 60.0)
+            self.started = True
+            self.window_started_utc = utc_now()
+
+    async def stop(self) -> None:
+        async with httpx.AsyncClient(headers=self.headers) as client:
+            self.window_ended_utc = utc_now()
+            t = time.monotonic()
+            await _post(client, f"{self.deployment.base_url}/stop_profile", self.stop_timeout_s)
+            self.stopped = True
+            self.stop_profile_s = round(time.monotonic() - t, 3)
+            self.metrics_after = await prometheus.ascrape(
+                self.deployment.metrics_url, headers=self.headers, client=client
+            )
+
+
+@dataclass
+class _Profiled:
+    """What the profiled window produced, whatever stopped it."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    trace_path: Path | None = None
+    breakdown: Breakdown | None = None
+    error: str | None = None
+
+
+def _profile(
+    deployment: Deployment,
+    prompts: Sequence[Prompt],
+    plan: WindowPlan,
+    sampling: Sampling,
+    switch: _ProfilerSwitch,
+    trace_dir: Path,
+) -> _Profiled:
+    """Run the window's requests with the profiler on, wait for the worker's trace and analyse it. Never
+    raises for a profiling problem: it is the result's error."""
+    out = _Profiled()
+    before_files = trace_files(trace_dir)
+    load_plan = LoadPlan(
+        mode="closed",
+        concurrency=plan.concurrency,
+        requests=plan.requests,
+        warmup=plan.warmup,
+        time_cap_s=plan.time_cap_s,
+    )
+    try:
+        result = run_load_sync(
+            deployment.base_url,
+            deployment.served_model_name,
+            list(prompts),
+            load_plan,
+            sampling,
+            authorization=deployment.authorization(),
+            timeout_s=plan.request_timeout_s,
+            before_measured=switch.start,
+            after_measured=switch.stop,
+        )
+        out.records, out.notes = result.records, list(result.notes)
+        if not switch.started or not switch.stopped:
+            raise ProfileError(
+                "the profiled window did not run to its end: " + ("; ".join(out.notes) or "unknown")
+            )
+        out.trace_path = wait_for_worker_trace(trace_dir, before_files, timeout_s=plan.flush_timeout_s)
+        summary = _requests_summary(out.records)
+        if summary["failed"]:
+            raise ProfileError(
+                f"{summary['failed']} of {summary['total']} profiled requests failed: {summary['errors']}"
+            )
+        # A plain deployment drafts nothing, so nothing is wasted: zero counters say so explicitly.
+        counters = WindowCounters(drafts=0, draft_tokens=0, accepted_tokens=0)
+        if deployment.variant.speculative:
+            counters = counters_from_metrics(
+                switch.metrics_before, switch.metrics_after, deployment.served_model_name
+            )
+        out.breakdown = torch_trace.analyze_trace(out.trace_path, counters, k=deployment.variant.k)
+    except (SpecgaugeError, httpx.HTTPError, OSError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if switch.started and not switch.stopped:
+            _stop_quietly(deployment, plan.stop_timeout_s)
+    return out
+
+
 def run_window(
     deployment: Deployment,
     prompts: Sequence[Prompt],
@@ -174,78 +279,10 @@ def run_window(
         raise ArtifactError(f"artifact {final} exists: raw artifacts are never overwritten")
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    headers = deployment.headers()
-    state: dict[str, Any] = {"started": False, "stopped": False}
-    before_files = trace_files(trace_dir)
+    switch = _ProfilerSwitch(deployment, plan.stop_timeout_s)
     started_utc = utc_now()
-
-    async def before_measured() -> None:
-        async with httpx.AsyncClient(headers=headers) as client:
-            state["metrics_before"] = await prometheus.ascrape(
-                deployment.metrics_url, headers=headers, client=client
-            )
-            await _post(client, f"{deployment.base_url}/start_profile", 60.0)
-            state["started"] = True
-            state["window_started_utc"] = utc_now()
-
-    async def after_measured() -> None:
-        async with httpx.AsyncClient(headers=headers) as client:
-            state["window_ended_utc"] = utc_now()
-            t = time.monotonic()
-            await _post(client, f"{deployment.base_url}/stop_profile", plan.stop_timeout_s)
-            state["stopped"] = True
-            state["stop_profile_s"] = round(time.monotonic() - t, 3)
-            state["metrics_after"] = await prometheus.ascrape(
-                deployment.metrics_url, headers=headers, client=client
-            )
-
-    load_plan = LoadPlan(
-        mode="closed",
-        concurrency=plan.concurrency,
-        requests=plan.requests,
-        warmup=plan.warmup,
-        time_cap_s=plan.time_cap_s,
-    )
-    error: str | None = None
-    breakdown: Breakdown | None = None
-    trace_path: Path | None = None
-    records: list[RequestRecord] = []
-    notes: list[str] = []
-    try:
-        result = run_load_sync(
-            deployment.base_url,
-            deployment.served_model_name,
-            list(prompts),
-            load_plan,
-            sampling,
-            authorization=deployment.authorization(),
-            timeout_s=plan.request_timeout_s,
-            before_measured=before_measured,
-            after_measured=after_measured,
-        )
-        records, notes = result.records, list(result.notes)
-        if not state["started"] or not state["stopped"]:
-            raise ProfileError(
-                "the profiled window did not run to its end: " + ("; ".join(notes) or "unknown")
-            )
-        trace_path = wait_for_worker_trace(trace_dir, before_files, timeout_s=plan.flush_timeout_s)
-        summary = _requests_summary(records)
-        if summary["failed"]:
-            raise ProfileError(
-                f"{summary['failed']} of {summary['total']} profiled requests failed: {summary['errors']}"
-            )
-        # A plain deployment drafts nothing, so nothing is wasted: zero counters say so explicitly.
-        counters = WindowCounters(drafts=0, draft_tokens=0, accepted_tokens=0)
-        if variant.speculative:
-            counters = counters_from_metrics(
-                state["metrics_before"], state["metrics_after"], deployment.served_model_name
-            )
-        breakdown = torch_trace.analyze_trace(trace_path, counters, k=variant.k)
-    except (SpecgaugeError, httpx.HTTPError, OSError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if state["started"] and not state["stopped"]:
-            _stop_quietly(deployment, plan.stop_timeout_s)
+    profiled = _profile(deployment, prompts, plan, sampling, switch, trace_dir)
+    error = profiled.error
     meta = {
         "format": PROFILE_FORMAT,
         "profile_id": profile_id,
@@ -273,26 +310,26 @@ def run_window(
         "tool": tool_facts(),
         "host": host_facts(),
         "started_utc": started_utc,
-        "window_started_utc": state.get("window_started_utc"),
-        "window_ended_utc": state.get("window_ended_utc"),
-        "stop_profile_s": state.get("stop_profile_s"),
+        "window_started_utc": switch.window_started_utc,
+        "window_ended_utc": switch.window_ended_utc,
+        "stop_profile_s": switch.stop_profile_s,
         "ended_utc": utc_now(),
         "status": "ok" if error is None else "failed",
         "error": error,
-        "requests": _requests_summary(records),
-        "notes": notes,
+        "requests": _requests_summary(profiled.records),
+        "notes": profiled.notes,
         "trace": None,
     }
     write_profile_artifact(
         final,
         meta,
-        breakdown,
-        trace_path=trace_path,
-        metrics_before=state.get("metrics_before"),
-        metrics_after=state.get("metrics_after"),
+        profiled.breakdown,
+        trace_path=profiled.trace_path,
+        metrics_before=switch.metrics_before,
+        metrics_after=switch.metrics_after,
         inline_limit_bytes=inline_limit_bytes,
     )
-    return ProfileResult(path=final, status=meta["status"], error=error, breakdown=breakdown)
+    return ProfileResult(path=final, status=meta["status"], error=error, breakdown=profiled.breakdown)
 
 
 def write_profile_artifact(
