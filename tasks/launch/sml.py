@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.spec import SmlLaunchSpec, TargetSpec, Variant
+from specgauge.argv import without_options
 from specgauge.errors import InputError, LaunchError
 from specgauge.redact import redact_text
-from tasks.launch.argv import without_options
 from tasks.launch.base import Deployment
 from tasks.launch.cluster import ClusterJobLauncher, stage_environment
 from tasks.launch.command import vllm_args

@@ -11,6 +11,7 @@ import polars as pl
 
 from artifacts import ids, layout
 from artifacts.documents import DeploymentFacts, EngineFacts, VariantFacts, utc_datetime
+from specgauge.argv import without_options
 from specgauge.redact import redact_args, redact_data, redact_text, redact_url
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document, short_hash
@@ -80,19 +81,8 @@ def engine_settings(
     args = args[start:]
     if variant_extra_args and args[-len(variant_extra_args) :] == list(variant_extra_args):
         args = args[: -len(variant_extra_args)]
-    kept: list[str] = []
-    skip_next = False
-    for arg in args:
-        if skip_next:
-            skip_next = False
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag in _PER_DEPLOYMENT_FLAGS:
-            skip_next = "=" not in arg
-            continue
-        kept.append(arg)
     return {
-        "args": kept,
+        "args": without_options(args, _PER_DEPLOYMENT_FLAGS, joined=True),
         "launcher": launcher,
         "kv_cache_gib": (extra or {}).get("kv_cache_gib"),
     }
