@@ -71,7 +71,6 @@ from artifacts.documents import (
     RunRecord,
     SamplingFacts,
     SpecFacts,
-    Speculation,
     ToolFacts,
     VariantFacts,
     WorkloadFacts,
@@ -84,10 +83,12 @@ from specgauge.provenance import host_facts, tool_facts, utc_stamp
 from tasks.metrics.prometheus import GENERATION_TOKENS, Snapshot, counter_delta, parse, spec_decode_delta
 from tasks.metrics.summary import (
     GENERATION_TOKENS_TOLERANCE,
-    _burst_check,
-    _tokens_per_chunk_check,
+    burst_check,
+    cell_status,
     chunk_gaps,
     distribution,
+    speculation_block,
+    tokens_per_chunk_check,
 )
 
 SOURCE = "github.com/swiss-ai/apertus-speculative-decoding"
@@ -674,7 +675,7 @@ def _cell_summary(cell: _ReferenceCell) -> CellSummary:
             chunk_gap=Distribution(**distribution(chunk_gaps(ok))),
             itl_per_token=None,  # needs each chunk's token count, which the reference did not record
         )
-        burst = _burst_check(ok)
+        burst = burst_check(ok)
     else:
         total, n_ok, failures = ref.requests.attempted, ref.requests.successful, ref.requests.failed
         completion, prompt = ref.tokens.completion, ref.tokens.prompt
@@ -703,26 +704,14 @@ def _cell_summary(cell: _ReferenceCell) -> CellSummary:
             spec = None
     # T, as in summarize_cell: the server's generated tokens over the window when known, else the client's.
     tokens = generation_delta if generation_delta is not None else client_tokens_all
-    speculation = None
-    if spec is not None:
-        steps = tokens - spec.accepted_tokens
-        tpot_mean = latency.tpot.mean if latency.tpot else None
-        speculation = Speculation(
-            **spec.to_json(),
-            accepted_per_position=dict(spec.accepted_per_position),
-            decode_steps=steps,
-            inferred_step_time_s=tpot_mean * tokens / steps if tpot_mean is not None and steps > 0 else None,
-            tokens=tokens,
-            tokens_basis="server" if generation_delta is not None else "client",
-        )
+    tpot_mean = latency.tpot.mean if latency.tpot else None
+    speculation = speculation_block(
+        spec, tokens, "server" if generation_delta is not None else "client", tpot_mean
+    )
     rel = None
     if generation_delta:
         rel = (client_tokens_all - generation_delta) / generation_delta
-    status, error = "ok", None
-    if total == 0:
-        status, error = "failed", "no measured requests"
-    elif server_problem:
-        status, error = "failed", f"server side invalid: {server_problem}"
+    status, error = cell_status(total, server_problem)
     return CellSummary(
         status=status,
         error=error,
@@ -744,7 +733,7 @@ def _cell_summary(cell: _ReferenceCell) -> CellSummary:
         tokens_exact=False,  # no per-chunk token ids in the reference's records
         speculation=speculation,
         cross_checks=CrossChecks(
-            tokens_per_chunk_vs_acceptance_length=_tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
+            tokens_per_chunk_vs_acceptance_length=tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
             completion_tokens_vs_generation_tokens=GenerationTokensCheck(
                 client=client_tokens_all,
                 server=generation_delta,

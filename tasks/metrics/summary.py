@@ -29,7 +29,7 @@ from tasks.metrics.prometheus import SpecDelta
 
 PERCENTILES = (50, 90, 95, 99)
 
-# Client tokens per chunk vs the server's tokens per decode step (see `_tokens_per_chunk_check`). On the
+# Client tokens per chunk vs the server's tokens per decode step (see `tokens_per_chunk_check`). On the
 # embedded engine the two agreed within 4% (draft model and n-gram, C = 1 and 4); the residue is most
 # likely tokens accepted past max_tokens in a request's last step. Legitimate causes of a larger gap are few
 # and are themselves measurement problems: the server merging several steps into one chunk (a client that
@@ -115,7 +115,7 @@ def _window_problem(requests: pl.DataFrame, window: tuple[float, float] | None) 
     return "; ".join(problems) or None
 
 
-def _tokens_per_chunk_check(
+def tokens_per_chunk_check(
     client_tokens_per_chunk: float | None, spec: SpecDelta | None, tokens: int | None
 ) -> TokensPerChunkCheck:
     """Client tokens per chunk vs the server's mean acceptance length over all decode steps.
@@ -207,7 +207,16 @@ def _good_requests(ok: pl.DataFrame, slo: SLO) -> int:
     ).height
 
 
-def _speculation(
+def cell_status(measured_requests: int, server_problem: str | None) -> tuple[str, str | None]:
+    """A cell's status and error: failed without measured requests or with an invalid server side."""
+    if measured_requests == 0:
+        return "failed", "no measured requests"
+    if server_problem:
+        return "failed", f"server side invalid: {server_problem}"
+    return "ok", None
+
+
+def speculation_block(
     spec: SpecDelta | None, tokens: int, tokens_basis: str, tpot_mean: float | None
 ) -> Speculation | None:
     """The speculation block over `tokens` generated tokens (None for a plain deployment)."""
@@ -288,11 +297,7 @@ def summarize_cell(
     tokens_basis = "server" if generation_tokens_delta is not None else "client"
     tpot_mean = latency.tpot.mean if latency.tpot else None
 
-    status, error = "ok", None
-    if total == 0:
-        status, error = "failed", "no measured requests"
-    elif server_problem:
-        status, error = "failed", f"server side invalid: {server_problem}"
+    status, error = cell_status(total, server_problem)
 
     def per_wall(count: int) -> float | None:
         return count / wall if wall else None
@@ -323,13 +328,13 @@ def summarize_cell(
             share=good / total if total else None,
             rate_rps=per_wall(good),
         ),
-        speculation=_speculation(spec, tokens, tokens_basis, tpot_mean),
+        speculation=speculation_block(spec, tokens, tokens_basis, tpot_mean),
         cross_checks=CrossChecks(
-            tokens_per_chunk_vs_acceptance_length=_tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
+            tokens_per_chunk_vs_acceptance_length=tokens_per_chunk_check(tokens_per_chunk, spec, tokens),
             completion_tokens_vs_generation_tokens=_generation_tokens_check(
                 requests, measured_window, client_tokens_all, generation_tokens_delta
             ),
-            streamed_token_by_token=_burst_check(ok),
+            streamed_token_by_token=burst_check(ok),
         ),
         gauges=_gauge_summary(gauges, measured_window, gauge_scrape_failures),
         server_valid=server_problem is None,
@@ -341,7 +346,7 @@ BURST_SPREAD_S = 1e-3  # a response of >= 4 chunks that arrived within 1 ms was 
 BURST_TOLERANCE = 0.10
 
 
-def _burst_check(ok: pl.DataFrame) -> BurstCheck:
+def burst_check(ok: pl.DataFrame) -> BurstCheck:
     """Share of successful responses whose chunks all reached the client at once.
 
     Such a response was held back by the server, or read at once by a client that was not scheduled while
