@@ -34,11 +34,11 @@ from typing import Any
 
 import polars as pl
 
+from analysis.decision import benefit_rule_text, gain_shortfall, success_shortfall
 from analysis.stats import (
     has_interval,
     interval_label,
     paired_cluster_ratio_interval,
-    percent,
     ratio_interval,
 )
 
@@ -82,7 +82,7 @@ RULE = (
     "{metric} ratio against the old head (t over repeats; mean acceptance length with per-request figures: a "
     "paired bootstrap over prompts) lies above {threshold:.2f} (1 + minimum effect {min_effect:.0%}; no "
     "interval, hence no adoption, from one repeat or a zero-width one), (2) no other stratum at that load is "
-    "worse by more than {max_harm:.0%} (its ratio estimate below {floor:.2f}), (3) the new head's cells "
+    "worse by more than {harm:.0%} (its ratio estimate below {floor:.2f}), (3) the new head's cells "
     "succeeded (at least {success:.0%} of requests), and (4) the greedy-correctness gate taken with the new "
     "head serving passed."
 )
@@ -107,14 +107,8 @@ class Rule:
             raise ValueError(f"max_harm must be within [0, 1), got {self.max_harm}")
 
     def text(self) -> str:
-        return RULE.format(
-            confidence=percent(self.confidence),
-            metric=self.gain_metric,
-            threshold=1 + self.min_effect,
-            min_effect=self.min_effect,
-            max_harm=self.max_harm,
-            floor=1 - self.max_harm,
-            success=self.min_success_rate,
+        return benefit_rule_text(
+            RULE, self.confidence, self.gain_metric, self.min_effect, self.max_harm, self.min_success_rate
         )
 
 
@@ -307,20 +301,13 @@ def judge(
             harm_ok = worst is None or worst[1] >= floor
             rate = success.get((stratum, load))
             success_ok = rate is not None and rate >= rule.min_success_rate
-            reasons = []
-            if estimate is None:
-                reasons.append("no paired repeats")
-            elif low is None or high is None or not high > low:  # zero width is no evidence
-                reasons.append(f"{g.get('interval')}: no interval, so no decision")
-            elif not low > threshold:
-                where = "below 1" if high < 1.0 else f"not above {threshold:.2f}"
-                reasons.append(f"interval [{low:.3g}, {high:.3g}] {where}")
+            shortfall = gain_shortfall(estimate, low, high, g.get("interval"), threshold, "no paired repeats")
+            reasons = [shortfall] if shortfall else []
             if not harm_ok:
                 assert worst is not None
                 reasons.append(f"{worst[0]} is worse with the new head ({worst[1]:.3g} < {floor:.2f})")
             if not success_ok:
-                shown = "unknown" if rate is None else f"{rate:.1%}"
-                reasons.append(f"new head's success rate {shown} < {rule.min_success_rate:.0%}")
+                reasons.append(f"new head's {success_shortfall(rate, rule.min_success_rate)}")
             if gate_passed is None:
                 reasons.append("no correctness verdict after the swap")
             elif not gate_passed:
@@ -446,19 +433,11 @@ def write_adaptation_report(
     """The confirmation's page, SPECGAUGE_HOME/reports/<campaign_id>/index.html (self-contained like every
     report: the chart's spec and data inline, no request leaves the page), beside the chart as HTML and PNG.
     Returns the page's path."""
-    import os
-    import shutil
     from pathlib import Path
 
     from analysis import charts as ch
-    from analysis.report import (
-        adaptation_section,
-        chart_block,
-        external_references,
-        render_page,
-        replace_folder,
-        vega_bundle,
-    )
+    from analysis.report import building, chart_block, render_page, vega_bundle, write_page
+    from analysis.report_sections import adaptation_section
     from specgauge.settings import get_settings
     from warehouse.db import reader
 
@@ -468,11 +447,7 @@ def write_adaptation_report(
         raise ValueError(f"no adaptation confirmation of campaign {campaign_id!r} in the warehouse")
     first = view.row(0, named=True)
     folder = Path(reports_dir or get_settings().reports_dir) / campaign_id
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    build = folder.with_name(f".{folder.name}.build-{os.getpid()}")
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir()
-    try:
+    with building(folder) as build:
         chart = ch.adaptation_chart(view, first["min_effect"], first["max_harm"])
         chart_html = ""
         if chart is not None:
@@ -484,11 +459,5 @@ def write_adaptation_report(
             f"the old head against a new one on one hot-swap deployment. This page makes no network request.</p>"
         )
         page = render_page(title, intro, [adaptation_section(view, chart_html)], vega_bundle())
-        outside = external_references(page)
-        if outside:
-            raise ValueError(f"the report would fetch from outside the page: {', '.join(outside[:5])}")
-        (build / "index.html").write_text(page, encoding="utf-8")
-        replace_folder(build, folder)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+        write_page(build, page)
     return folder / "index.html"

@@ -17,9 +17,10 @@ vLLM's bench reports it as "ITL"); `ITL per token` divides each gap by the token
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import polars as pl
@@ -237,15 +238,39 @@ def _n_text(ns: Sequence[int | None], unit: str) -> str:
     return f"n = {known[0]}-{known[-1]} {unit} per point (labelled)"
 
 
-def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -> alt.FacetChart | None:
-    """Speedup against load, one panel per metric (rows) and workload (columns), on a log axis centred on 1
-    (one range per metric: `clip_ratio_band`), a rule at 1 (no change). Bands: the interval over repeats,
-    clipped to the stated range, a triangle at the edge where it runs past; points hollow without an
-    interval (one repeat); n (repeats) in the tooltip and the subtitle, beside the point when it varies."""
+def _quantitative(channel: Callable[..., Any], title: str, scale: alt.Scale) -> Callable[[str], Any]:
+    """field -> the `channel` (alt.X or alt.Y) encoding of that quantitative field: one axis title and scale
+    for every layer of a chart."""
+    return lambda field: channel(f"{field}:Q", title=title, scale=scale)
+
+
+def _past_markers(
+    base: alt.Chart, channel: Callable[[str], Any], axis: str, size: int, tooltip: list | None = None
+) -> list[alt.Chart]:
+    """Triangles at the edges of a clipped axis (`axis` "y" or "x", `channel` its encoding of a field): at
+    edge_high where an interval runs past the top (right), at edge_low where it runs past the bottom
+    (left)."""
+    high_shape, low_shape = (
+        ("triangle-up", "triangle-down") if axis == "y" else ("triangle-right", "triangle-left")
+    )
+    markers = []
+    for past, edge, shape in (("past_high", "edge_high", high_shape), ("past_low", "edge_low", low_shape)):
+        encoding = {axis: channel(edge)} | ({} if tooltip is None else {"tooltip": tooltip})
+        markers.append(
+            base.transform_filter(f"datum.{past}")
+            .mark_point(shape=shape, filled=True, size=size, opacity=1)
+            .encode(**encoding)
+        )
+    return markers
+
+
+def _speedup_frame(speedups: pl.DataFrame, mode: str) -> tuple[pl.DataFrame, dict[str, float]] | None:
+    """The speedups of one load mode, each metric's band clipped to its own ratio range (`clip_ratio_band`),
+    with the tooltip's interval text, the n label and the shaded area's ends; and metric -> its range R."""
     frame = speedups.filter(pl.col("load_mode") == mode, pl.col("metric").is_in(list(SPEEDUP_METRICS)))
     if frame.is_empty():
         return None
-    column, label = _load_axis(mode)
+    column, _ = _load_axis(mode)
     if "n_repeats" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("n_repeats"))
     frame = frame.with_columns(
@@ -270,8 +295,6 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
             part, ranges[measure] = clip_ratio_band(part, "ci_low", "ci_high", "estimate")
             parts.append(part)
     frame = pl.concat(parts)
-    ns = frame["n_repeats"].to_list()
-    labelled = len({n for n in ns if n is not None}) > 1
     frame = _json_safe(
         frame.with_columns(
             _interval_text(frame, "estimate", "ci_low", "ci_high").alias("estimate [interval]"),
@@ -284,13 +307,17 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
             ],
         )
     )
-    x = _load_x(frame["load"], label)
+    return frame, ranges
+
+
+def _speedup_layers(frame: pl.DataFrame, mode: str, labelled: bool) -> list[alt.Chart]:
+    """One panel's layers: the axis anchor, the band (bars and a faint area), the rule at 1, the line, the
+    points (hollow without an interval), the runs-past triangles and, when n varies, the n labels."""
+    x = _load_x(frame["load"], _load_axis(mode)[1])
     color = alt.Color("variant:N", title="variant")
-    scale = alt.Scale(type="log", nice=False, zero=False)
-
-    def y(field: str) -> alt.Y:
-        return alt.Y(f"{field}:Q", title="speedup vs plain (>1 faster, log)", scale=scale)
-
+    y = _quantitative(
+        alt.Y, "speedup vs plain (>1 faster, log)", alt.Scale(type="log", nice=False, zero=False)
+    )
     tooltip = [
         "variant",
         "workload",
@@ -321,22 +348,17 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
         fill=alt.condition("datum.has_band", alt.Color("variant:N", legend=None), alt.value("white")),
         tooltip=tooltip,
     )
-    above = (
-        base.transform_filter("datum.past_high")
-        .mark_point(shape="triangle-up", filled=True, size=70, opacity=1)
-        .encode(y=y("edge_high"), tooltip=tooltip)
-    )
-    below = (
-        base.transform_filter("datum.past_low")
-        .mark_point(shape="triangle-down", filled=True, size=70, opacity=1)
-        .encode(y=y("edge_low"), tooltip=tooltip)
-    )
     rule = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1))
-    layers = [anchor, band, bars, rule, line, points, above, below]
+    layers = [anchor, band, bars, rule, line, points, *_past_markers(base, y, "y", 70, tooltip)]
     if labelled:
         layers.append(
             drawn.mark_text(align="left", dx=5, dy=-7, fontSize=8).encode(y=y("estimate"), text="n_label:N")
         )
+    return layers
+
+
+def _speedup_subtitle(frame: pl.DataFrame, ranges: dict[str, float], confidence: float) -> list[str]:
+    """What the bands are, the ranges they are clipped to, n, and the points drawn hollow or left out."""
     clip = (
         f"bands clipped to {_range_text(next(iter(ranges.values())))}"
         if len(set(ranges.values())) == 1
@@ -344,15 +366,33 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
     )
     hollow = frame.filter(pl.col("drawable") & ~pl.col("has_band")).height
     left_out = frame.filter(~pl.col("drawable")).height
-    notes = [_n_text(ns, "repeats")]
+    notes = [_n_text(frame["n_repeats"].to_list(), "repeats")]
     if hollow:
         notes.append(
             f"hollow: no interval ({hollow} point{'s' if hollow > 1 else ''}: one repeat or zero width)"
         )
     if left_out:
         notes.append(f"{left_out} without a positive estimate left out")
+    return [
+        f"geometric mean of per-repeat ratios against plain; bands: {percent(confidence)} t interval "
+        "over repeats. TPOT/TTFT are per-request figures, not ITL.",
+        f"log axis centred on 1; {clip}; {PAST_NOTE}",
+        "; ".join(notes),
+    ]
+
+
+def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -> alt.FacetChart | None:
+    """Speedup against load, one panel per metric (rows) and workload (columns), on a log axis centred on 1
+    (one range per metric: `clip_ratio_band`), a rule at 1 (no change). Bands: the interval over repeats,
+    clipped to the stated range, a triangle at the edge where it runs past; points hollow without an
+    interval (one repeat); n (repeats) in the tooltip and the subtitle, beside the point when it varies."""
+    prepared = _speedup_frame(speedups, mode)
+    if prepared is None:
+        return None
+    frame, ranges = prepared
+    labelled = len({n for n in frame["n_repeats"].to_list() if n is not None}) > 1
     return (
-        alt.layer(*layers, data=frame)
+        alt.layer(*_speedup_layers(frame, mode, labelled), data=frame)
         .properties(width=WIDTH, height=HEIGHT)
         .facet(
             row=alt.Row("measure:N", title=None, sort=list(SPEEDUP_METRICS.values())),
@@ -362,12 +402,7 @@ def speedup_chart(speedups: pl.DataFrame, mode: str, confidence: float = 0.95) -
         .properties(
             title={
                 "text": f"Speedup against load ({'open loop' if mode == 'open' else 'closed loop'})",
-                "subtitle": [
-                    f"geometric mean of per-repeat ratios against plain; bands: {percent(confidence)} t interval "
-                    "over repeats. TPOT/TTFT are per-request figures, not ITL.",
-                    f"log axis centred on 1; {clip}; {PAST_NOTE}",
-                    "; ".join(notes),
-                ],
+                "subtitle": _speedup_subtitle(frame, ranges, confidence),
             }
         )
     )
@@ -398,11 +433,7 @@ def latency_chart(
         )
     )
     order = sorted(frame["load_label"].unique().to_list(), key=_load_sort_key)
-    scale = alt.Scale(zero=False)
-
-    def y(field: str) -> alt.Y:
-        return alt.Y(f"{field}:Q", title="ms", scale=scale)
-
+    y = _quantitative(alt.Y, "ms", alt.Scale(zero=False))
     base = alt.Chart().encode(
         x=alt.X("load_label:N", title="load", sort=order),
         xOffset=alt.XOffset("variant:N"),
@@ -424,16 +455,6 @@ def latency_chart(
         .mark_point(shape="diamond", filled=True, size=25)
         .encode(y=y("q99_ms_shown"))
     )
-    above = (
-        base.transform_filter("datum.past_high")
-        .mark_point(shape="triangle-up", filled=True, size=45, opacity=1)
-        .encode(y=y("edge_high"))
-    )
-    below = (
-        base.transform_filter("datum.past_low")
-        .mark_point(shape="triangle-down", filled=True, size=45, opacity=1)
-        .encode(y=y("edge_low"))
-    )
     lines = [subtitle]
     if frame["past_low"].any() or frame["past_high"].any():
         lines.append(
@@ -441,7 +462,7 @@ def latency_chart(
             "\u25b2/\u25bc = runs past (the tooltip has the value)"
         )
     return (
-        alt.layer(whisker, box, median, p99, above, below, data=frame)
+        alt.layer(whisker, box, median, p99, *_past_markers(base, y, "y", 45), data=frame)
         .properties(width=WIDTH, height=HEIGHT)
         .facet(
             row=alt.Row("measure:N", title=None, sort=[LATENCY_LABELS[m] for m in metrics]),
@@ -863,11 +884,9 @@ def adaptation_chart(
     frame = _json_safe(
         frame.with_columns(_interval_text(frame, "ratio", "low", "high").alias("ratio [interval]"))
     )
-    scale = alt.Scale(type="log", domain=[1.0 / r, r], nice=False, zero=False)
-
-    def x(field: str) -> alt.X:
-        return alt.X(f"{field}:Q", title="new head / old head (log)", scale=scale)
-
+    x = _quantitative(
+        alt.X, "new head / old head (log)", alt.Scale(type="log", domain=[1.0 / r, r], nice=False, zero=False)
+    )
     tooltip = [
         "stratum",
         "metric",
@@ -898,16 +917,6 @@ def adaptation_chart(
         .mark_point(size=60, opacity=1, strokeWidth=1.5, fill="white")
         .encode(x=x("ratio"), shape=shape, tooltip=tooltip)
     )
-    right = (
-        base.transform_filter("datum.past_high")
-        .mark_point(shape="triangle-right", filled=True, size=60, opacity=1)
-        .encode(x=x("edge_high"), tooltip=tooltip)
-    )
-    left = (
-        base.transform_filter("datum.past_low")
-        .mark_point(shape="triangle-left", filled=True, size=60, opacity=1)
-        .encode(x=x("edge_low"), tooltip=tooltip)
-    )
     rules = [
         alt.Chart(pl.DataFrame({"x": [v]})).mark_rule(strokeDash=[4, 3], color=colour).encode(x=x("x"))
         for v, colour in ((1.0, "#666"), (thresholds[0], "#2a9d4b"), (thresholds[1], "#c0392b"))
@@ -916,7 +925,9 @@ def adaptation_chart(
     notes = [_n_text(frame["n_repeats"].to_list(), "paired repeats")]
     if hollow:
         notes.append(f"hollow: no interval ({hollow})")
-    return alt.layer(*rules, bars, points, hollow_points, right, left).properties(
+    return alt.layer(
+        *rules, bars, points, hollow_points, *_past_markers(base, x, "x", 60, tooltip)
+    ).properties(
         width=WIDTH + 100,
         height=alt.Step(14),
         title={

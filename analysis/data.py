@@ -129,6 +129,13 @@ def _has_relation(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(rows[0][0])
 
 
+def _frame_if_present(
+    con: duckdb.DuckDBPyConnection, relation: str, sql: str, params: list[Any] | dict[str, Any]
+) -> pl.DataFrame:
+    """`_frame`, or an empty frame where the warehouse predates `relation` (an older schema)."""
+    return _frame(con, sql, params) if _has_relation(con, relation) else pl.DataFrame()
+
+
 def latest_campaign_id(con: duckdb.DuckDBPyConnection) -> str:
     """The campaign run most recently (last run, else creation time)."""
     if not _has_relation(con, "campaigns"):
@@ -187,14 +194,11 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         "ORDER BY variant, workload, load_label",
         [cid, controls],
     )
-    gates = (
-        _frame(
-            con,
-            "SELECT * FROM v_gate WHERE campaign_id = ? AND verdict_rank = 1 ORDER BY treatment_variant",
-            [cid],
-        )
-        if _has_relation(con, "v_gate")
-        else pl.DataFrame()
+    gates = _frame_if_present(
+        con,
+        "v_gate",
+        "SELECT * FROM v_gate WHERE campaign_id = ? AND verdict_rank = 1 ORDER BY treatment_variant",
+        [cid],
     )
     deployments = _frame(
         con,
@@ -205,34 +209,29 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         "FROM deployments WHERE campaign_id = ? AND NOT list_contains(?, variant) ORDER BY deployment_id",
         [cid, controls],
     )
-    waste = (
-        _frame(
-            con,
-            "SELECT * FROM v_profile_waste WHERE campaign_id = ? AND window_rank = 1 "
-            "ORDER BY variant, workload, load_label",
-            [cid],
-        )
-        if _has_relation(con, "v_profile_waste")
-        else pl.DataFrame()
+    waste = _frame_if_present(
+        con,
+        "v_profile_waste",
+        "SELECT * FROM v_profile_waste WHERE campaign_id = ? AND window_rank = 1 "
+        "ORDER BY variant, workload, load_label",
+        [cid],
     )
-    searches = (
-        _frame(con, "SELECT * FROM capacity_searches WHERE campaign_id = ? ORDER BY search_id", [cid])
-        if _has_relation(con, "capacity_searches")
-        else pl.DataFrame()
+    searches = _frame_if_present(
+        con,
+        "capacity_searches",
+        "SELECT * FROM capacity_searches WHERE campaign_id = ? ORDER BY search_id",
+        [cid],
     )
     aa = _frame(
         con,
         "SELECT * FROM v_aa WHERE campaign_id = ? AND server_valid IS NOT FALSE ORDER BY cell_id",
         [cid],
     )
-    calibrations = (
-        _frame(
-            con,
-            "SELECT * FROM client_calibrations WHERE campaign_id = ? ORDER BY started_utc DESC LIMIT 1",
-            [cid],
-        )
-        if _has_relation(con, "client_calibrations")
-        else pl.DataFrame()
+    calibrations = _frame_if_present(
+        con,
+        "client_calibrations",
+        "SELECT * FROM client_calibrations WHERE campaign_id = ? ORDER BY started_utc DESC LIMIT 1",
+        [cid],
     )
     request_acceptance = _frame(
         con,

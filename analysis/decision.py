@@ -28,7 +28,7 @@ RULE = (
     "A variant is recommended for a workload and load only when (1) the {confidence} t interval of its "
     "{metric} speedup over independently launched repeats lies above {threshold:.2f} (1 + minimum effect "
     "{min_effect:.0%}; one repeat gives no interval, hence no recommendation), (2) no other workload at that "
-    "load regresses by more than {guardrail:.0%} (its speedup estimate below {floor:.2f}), (3) its success rate "
+    "load regresses by more than {harm:.0%} (its speedup estimate below {floor:.2f}), (3) its success rate "
     "is at least {success:.0%}, (4) its greedy-correctness gate passed (latest verdict), and (5) the campaign is "
     "valid (A/A gap and repeat spread within their limits)."
 )
@@ -58,17 +58,59 @@ def decision_rule(data: CampaignData) -> DecisionSpec:
     return DecisionSpec.model_validate(data.spec.get("decision") or {})
 
 
+def benefit_rule_text(
+    template: str, confidence: float, metric: str, min_effect: float, harm: float, min_success_rate: float
+) -> str:
+    """A benefit rule in words (this module's RULE, analysis.adaptation's): a gain interval above
+    1 + min_effect, no other stratum worse by more than `harm`, a minimum success rate."""
+    return template.format(
+        confidence=percent(confidence),
+        metric=metric,
+        threshold=1 + min_effect,
+        min_effect=min_effect,
+        harm=harm,
+        floor=1 - harm,
+        success=min_success_rate,
+    )
+
+
 def rule_text(settings: AnalysisSettings, rule: DecisionSpec | None = None) -> str:
     rule = rule or DecisionSpec()
-    return RULE.format(
-        confidence=percent(settings.confidence),
-        metric=settings.gain_metric,
-        threshold=1 + rule.min_effect,
-        min_effect=rule.min_effect,
-        guardrail=rule.guardrail,
-        floor=1 - rule.guardrail,
-        success=rule.min_success_rate,
+    return benefit_rule_text(
+        RULE,
+        settings.confidence,
+        settings.gain_metric,
+        rule.min_effect,
+        rule.guardrail,
+        rule.min_success_rate,
     )
+
+
+def gain_shortfall(
+    estimate: float | None,
+    low: float | None,
+    high: float | None,
+    interval: str | None,
+    threshold: float,
+    no_estimate: str,
+) -> str | None:
+    """Why a gain fails criterion 1, its interval above `threshold` (None: it passes); `no_estimate` is the
+    reason without an estimate. A zero-width "interval" (all repeats equal, one repeat) is no evidence: never
+    decide from it."""
+    if estimate is None:
+        return no_estimate
+    if low is None or high is None or not high > low:
+        return f"{interval}: no interval, so no decision"
+    if not low > threshold:
+        where = "below 1" if high < 1.0 else f"not above {threshold:.2f}"
+        return f"interval [{low:.3g}, {high:.3g}] {where}"
+    return None
+
+
+def success_shortfall(rate: float | None, minimum: float) -> str:
+    """Criterion 3's reason: a success rate (None: unknown) below the minimum."""
+    shown = "unknown" if rate is None else f"{rate:.1%}"
+    return f"success rate {shown} < {minimum:.0%}"
 
 
 def success_rates(data: CampaignData) -> pl.DataFrame:
@@ -149,20 +191,14 @@ def decide(
         success_ok = success_rate is not None and success_rate >= rule.min_success_rate
         other = worst.get((row["variant"], *(row[k] for k in OTHER_LOAD_KEYS), row["workload"]))
         guardrail_ok = other is None or other[1] >= floor
-        reasons = []
-        if row["estimate"] is None:
-            reasons.append("no paired plain cell")
-        elif row["ci_low"] is None or row["ci_high"] is None or not row["ci_high"] > row["ci_low"]:
-            # a zero-width "interval" (all repeats equal, one repeat) is no evidence: never decide from it
-            reasons.append(f"{row['interval']}: no interval, so no decision")
-        elif not row["ci_low"] > threshold:
-            where = "below 1" if row["ci_high"] < 1.0 else f"not above {threshold:.2f}"
-            reasons.append(f"interval [{row['ci_low']:.3g}, {row['ci_high']:.3g}] {where}")
+        shortfall = gain_shortfall(
+            row["estimate"], row["ci_low"], row["ci_high"], row["interval"], threshold, "no paired plain cell"
+        )
+        reasons = [shortfall] if shortfall else []
         if not guardrail_ok:
             reasons.append(f"{other[0]} regresses at this load ({other[1]:.3g} < {floor:.2f})")
         if not success_ok:
-            shown = "unknown" if success_rate is None else f"{success_rate:.1%}"
-            reasons.append(f"success rate {shown} < {rule.min_success_rate:.0%}")
+            reasons.append(success_shortfall(success_rate, rule.min_success_rate))
         if gate is None:
             reasons.append("no correctness verdict")
         elif not gate["passed"]:

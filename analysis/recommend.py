@@ -423,7 +423,7 @@ def judge(
 
 def overall(loads: list) -> str:
     """confirmed when every load is, refuted when any load is, inconclusive otherwise (or with no load).
-    `loads`: anything with an `outcome` (Verdict, artifacts.decisions.DecisionLoad)."""
+    `loads`: anything with an `outcome` (Verdict, artifacts.documents.DecisionLoad)."""
     outcomes = {load.outcome for load in loads}
     if "refuted" in outcomes:
         return "refuted"

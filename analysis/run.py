@@ -9,8 +9,6 @@ the `analysis_*` tables, draw the charts and write the report.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -34,7 +32,8 @@ from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, loa
 from analysis.decision import decide, decision_rule, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
 from analysis.recommend import Recommendation, Verdict, is_verification, recommend, verification
-from analysis.report import campaign_sections, external_references, render_page, replace_folder, vega_bundle
+from analysis.report import building, render_page, vega_bundle, write_page
+from analysis.report_sections import campaign_sections
 from analysis.simulate.store import TreeSim, load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
@@ -328,11 +327,7 @@ def write_report(
     folder: Path, data: CampaignData, results: Results, latencies: pl.DataFrame, analysis: dict[str, Any]
 ) -> tuple[Path, list[ch.ChartFiles]]:
     """Charts (HTML + PNG) and index.html, built beside the final folder and moved into place at the end."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    build = folder.with_name(f".{folder.name}.build-{os.getpid()}")
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir()
-    try:
+    with building(folder) as build:
         embedded: dict[str, tuple[ch.ChartFiles, dict[str, Any]]] = {}
         files = []
         for name, chart in build_charts(data, results, latencies).items():
@@ -347,13 +342,7 @@ def write_report(
             "This page makes no network request; every chart is also beside it as HTML and PNG.</p>"
         )
         page = render_page(title, intro, campaign_sections(data, results, embedded, analysis), vega_bundle())
-        outside = external_references(page)
-        if outside:
-            raise ReportError(f"the report would fetch from outside the page: {', '.join(outside[:5])}")
-        (build / "index.html").write_text(page, encoding="utf-8")
-        replace_folder(build, folder)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+        write_page(build, page, ReportError)
     moved = [ch.ChartFiles(f.name, f.title, folder / f.html.name, folder / f.png.name) for f in files]
     return folder / "index.html", moved
 

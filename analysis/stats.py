@@ -23,8 +23,10 @@ method that ends in "no interval"; `has_interval` is True only for finite bounds
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -382,6 +384,208 @@ def _counts(draws: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(flat, minlength=b * size).reshape(b, size).astype(float)
 
 
+def _finite_rows(
+    numerator: Sequence[float], denominator: Sequence[float], what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' numerators and denominators as float arrays of one shape, refused when not finite."""
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    if num.shape != den.shape or num.ndim != 1:
+        raise ValueError(f"{what}numerator and denominator differ in shape: {num.shape} {den.shape}")
+    if not (np.isfinite(num).all() and np.isfinite(den).all()):
+        raise ValueError(f"{what}numerator and denominator must be finite")
+    return num, den
+
+
+def _same_ratio_everywhere(per_cluster: np.ndarray) -> bool:
+    """Every cluster has the same ratio (to rounding): a bootstrap over them has no spread to show."""
+    return bool(np.ptp(per_cluster) <= 1e-12 * max(1.0, abs(float(per_cluster.mean()))))
+
+
+def _resampled_jackknife_se(w: np.ndarray, loo: np.ndarray, c: int) -> np.ndarray:
+    """Per resample, the jackknife standard error from its leave-one-cluster-out values `loo` (B, c), each
+    cluster weighted by how often the resample drew it (`w`; undrawn clusters count for nothing)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loo = np.where(w > 0, loo, 0.0)
+        mean_loo = (w * loo).sum(1) / c
+        return np.sqrt((c - 1) / c * (w * (loo - mean_loo[:, None]) ** 2).sum(1))
+
+
+def _delta_se(c: int, sum_s: float | np.ndarray, resid_sq: float | np.ndarray) -> np.ndarray:
+    # linearised variance of a ratio of cluster sums: c / (c - 1) * sum (a_i - r s_i)^2 / (sum s)^2
+    return np.sqrt(c / (c - 1) * resid_sq) / sum_s
+
+
+def _jackknife_se(jack: np.ndarray, c: int) -> float:
+    """The leave-one-cluster-out jackknife standard error of the estimate itself."""
+    return math.sqrt((c - 1) / c * float(((jack - jack.mean()) ** 2).sum()))
+
+
+@dataclass(frozen=True)
+class _ClusterBootstrap:
+    """A ratio of cluster sums and its resamples: what every CLUSTER_VARIANTS interval is drawn from."""
+
+    a: np.ndarray  # per cluster: numerator total over all launches
+    s: np.ndarray  # per cluster: denominator total over all launches
+    ratio: float  # sum a / sum s
+    total: float  # sum s
+    se: float  # the delta-method standard error of the ratio
+    w: np.ndarray  # (B, c): how often each resample drew each cluster
+    a_b: np.ndarray  # (B, c) cluster totals over each resample's drawn launches ((1, c): all launches)
+    s_b: np.ndarray
+    sum_a: np.ndarray  # (B,): each resample's sums
+    sum_s: np.ndarray
+    boot: np.ndarray  # (B,): each resample's ratio (inf or NaN where it drew no denominator)
+    confidence: float
+
+    @property
+    def c(self) -> int:
+        return len(self.a)
+
+    @property
+    def alpha(self) -> float:
+        return 1 - self.confidence
+
+    @property
+    def level(self) -> float:
+        return 0.5 + self.confidence / 2
+
+    @property
+    def kept(self) -> np.ndarray:
+        """The resamples with a finite ratio."""
+        return self.boot[np.isfinite(self.boot)]
+
+    def resampled_resid_sq(self) -> np.ndarray:
+        """Per resample, sum over its drawn clusters of (a_i - r* s_i)^2 (r* the resample's ratio)."""
+        return (self.w * (self.a_b - self.boot[:, None] * self.s_b) ** 2).sum(1)
+
+
+def _bootstrap_clusters(
+    a_lc: np.ndarray, s_lc: np.ndarray, confidence: float, resamples: int, seed: int
+) -> _ClusterBootstrap:
+    """Resample clusters (with 3 or more launches, launches first, then clusters) from the (launch, cluster)
+    totals. Vectorised: a resample is a row of cluster counts and its sums are matrix products."""
+    n_launches, c = a_lc.shape
+    a, s = a_lc.sum(0), s_lc.sum(0)
+    total = float(s.sum())
+    ratio = float(a.sum()) / total
+    rng = np.random.default_rng(seed)
+    w = _counts(rng.integers(0, c, (resamples, c)), c)
+    if n_launches >= 3:
+        v = _counts(rng.integers(0, n_launches, (resamples, n_launches)), n_launches)
+        a_b, s_b = v @ a_lc, v @ s_lc  # (B, C): each resample's cluster totals over its drawn launches
+        sum_a, sum_s = (w * a_b).sum(1), (w * s_b).sum(1)
+    else:
+        a_b, s_b = a[None, :], s[None, :]
+        sum_a, sum_s = w @ a, w @ s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = sum_a / sum_s
+    se = float(_delta_se(c, total, float(((a - ratio * s) ** 2).sum())))
+    return _ClusterBootstrap(a, s, ratio, total, se, w, a_b, s_b, sum_a, sum_s, boot, confidence)
+
+
+def _percentile_bounds(fit: _ClusterBootstrap) -> tuple[float, float]:
+    low, high = np.quantile(fit.kept, [fit.alpha / 2, fit.level])
+    return low, high
+
+
+def _bca_bounds(fit: _ClusterBootstrap) -> tuple[float, float]:
+    """Bias-corrected and accelerated percentiles, the acceleration from the jackknife over clusters."""
+    kept = fit.kept
+    below = float(np.mean(kept < fit.ratio) + 0.5 * np.mean(kept == fit.ratio))
+    z0 = float(stats.norm.ppf(min(max(below, 1e-9), 1 - 1e-9)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jack = (fit.a.sum() - fit.a) / (fit.total - fit.s)
+    jack = jack[np.isfinite(jack)]
+    dev = jack.mean() - jack
+    spread = float((dev**2).sum())
+    accel = float((dev**3).sum()) / (6 * spread**1.5) if spread > 0 else 0.0
+    z = stats.norm.ppf([fit.alpha / 2, fit.level])
+    adjusted = stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
+    low, high = np.quantile(kept, adjusted)
+    return low, high
+
+
+def _delta_t_star_bounds(fit: _ClusterBootstrap) -> tuple[float, float]:
+    """Bootstrap-t studentized by the delta-method standard error."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_star = (fit.boot - fit.ratio) / _delta_se(fit.c, fit.sum_s, fit.resampled_resid_sq())
+    t_star = t_star[np.isfinite(t_star)]
+    q_low, q_high = np.quantile(t_star, [fit.alpha / 2, fit.level])
+    return fit.ratio - q_high * fit.se, fit.ratio - q_low * fit.se
+
+
+def _log_delta_t_star_bounds(fit: _ClusterBootstrap) -> tuple[float, float]:
+    """Bootstrap-t on log(ratio) studentized by the delta-method SE (NaN bounds: no log of a ratio <= 0)."""
+    ratio, se = fit.ratio, fit.se
+    if ratio <= 0:
+        return math.nan, math.nan
+    resid_sq = fit.resampled_resid_sq()
+    # t* = -inf where a resample's ratio is 0; the quantiles keep those
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t_star = (np.log(fit.boot) - math.log(ratio)) / (_delta_se(fit.c, fit.sum_s, resid_sq) / fit.boot)
+        q_low, q_high = np.quantile(t_star[~np.isnan(t_star)], [fit.alpha / 2, fit.level])
+        return ratio * np.exp(-q_high * se / ratio), ratio * np.exp(-q_low * se / ratio)
+
+
+def _jackknife_t_star_bounds(fit: _ClusterBootstrap, symmetric: bool) -> tuple[float, float]:
+    """Bootstrap-t studentized by the leave-one-cluster-out jackknife standard error; `symmetric`: estimate
+    +- the `confidence` quantile of |t*| times the SE."""
+    c = fit.c
+    # leave one drawn cluster out: theta_i = (A - a_i) / (S - s_i), each cluster as often as drawn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        theta = (fit.sum_a[:, None] - fit.a_b) / (fit.sum_s[:, None] - fit.s_b)
+        t_star = (fit.boot - fit.ratio) / _resampled_jackknife_se(fit.w, theta, c)
+        jack = (fit.a.sum() - fit.a) / (fit.total - fit.s)
+    t_star = t_star[np.isfinite(t_star)]
+    se_jack = _jackknife_se(jack[np.isfinite(jack)], c)
+    if symmetric:
+        q_high = float(np.quantile(np.abs(t_star), fit.confidence))
+        q_low = -q_high
+    else:
+        q_low, q_high = np.quantile(t_star, [fit.alpha / 2, fit.level])
+    return fit.ratio - q_high * se_jack, fit.ratio - q_low * se_jack
+
+
+def _delta_t_bounds(fit: _ClusterBootstrap) -> tuple[float, float]:
+    """No bootstrap: estimate +- t(c - 1) delta-method standard error."""
+    half = float(stats.t.ppf(fit.level, fit.c - 1)) * fit.se
+    return fit.ratio - half, fit.ratio + half
+
+
+CLUSTER_BOUNDS: dict[str, Callable[[_ClusterBootstrap], tuple[float, float]]] = {
+    "percentile": _percentile_bounds,
+    "BCa": _bca_bounds,
+    "bootstrap-t (delta SE)": _delta_t_star_bounds,
+    "bootstrap-t on logs (delta SE)": _log_delta_t_star_bounds,
+    "bootstrap-t (jackknife SE)": partial(_jackknife_t_star_bounds, symmetric=False),
+    "symmetric bootstrap-t (jackknife SE)": partial(_jackknife_t_star_bounds, symmetric=True),
+    "delta t": _delta_t_bounds,
+}
+
+
+def _launch_cluster_totals(
+    num: np.ndarray, den: np.ndarray, clusters: Sequence[str], launches: Sequence[str] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows summed per (launch, cluster): two (launches, clusters) arrays (one launch without labels)."""
+    cluster, n_clusters = _codes(clusters, len(num), "clusters")
+    launch, n_launches = _codes(launches, len(num), "launches") if launches is not None else (None, 1)
+    if launch is None:
+        launch = np.zeros(len(num), dtype=int)
+    cells = launch * n_clusters + cluster
+    a_lc = np.bincount(cells, num, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
+    s_lc = np.bincount(cells, den, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
+    return a_lc, s_lc
+
+
+def _resampling_note(n_launches: int, c: int, unit: str, labelled: bool) -> str:
+    if n_launches >= 3:
+        return f"two-stage bootstrap over {n_launches} launches then {c} {unit}"
+    return f"bootstrap over {c} {unit}" + (
+        f" x {n_launches} launch{'' if n_launches == 1 else 'es'}" if labelled else ""
+    )
+
+
 def cluster_ratio_intervals(
     numerator: Sequence[float],
     denominator: Sequence[float],
@@ -407,126 +611,33 @@ def cluster_ratio_intervals(
     estimate +- t(c - 1) delta-method standard error)."""
     if unknown := set(variants) - set(CLUSTER_VARIANTS):
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {CLUSTER_VARIANTS}")
-    num = np.asarray(numerator, dtype=float)
-    den = np.asarray(denominator, dtype=float)
-    if num.shape != den.shape or num.ndim != 1:
-        raise ValueError(f"numerator and denominator differ in shape: {num.shape} {den.shape}")
-    if not (np.isfinite(num).all() and np.isfinite(den).all()):
-        raise ValueError("numerator and denominator must be finite")
-    cluster, n_clusters = _codes(clusters, len(num), "clusters")
-    launch, n_launches = _codes(launches, len(num), "launches") if launches is not None else (None, 1)
-    if launch is None:
-        launch = np.zeros(len(num), dtype=int)
-    # (launch, cluster) totals
-    cells = launch * n_clusters + cluster
-    a_lc = np.bincount(cells, num, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
-    s_lc = np.bincount(cells, den, minlength=n_launches * n_clusters).reshape(n_launches, n_clusters)
+    num, den = _finite_rows(numerator, denominator, "")
+    a_lc, s_lc = _launch_cluster_totals(num, den, clusters, launches)
+    n_launches, c = a_lc.shape
     a, s = a_lc.sum(0), s_lc.sum(0)
     total = float(s.sum())
-    ratio = float(a.sum()) / total if total else math.nan
-    estimate = offset + ratio
+    estimate = offset + (float(a.sum()) / total if total else math.nan)
 
     def none(why: str) -> Interval:
-        return Interval(estimate, estimate, estimate, n_clusters, f"{why}: no interval")
+        return Interval(estimate, estimate, estimate, c, f"{why}: no interval")
 
-    if n_clusters < min_clusters:
+    if c < min_clusters:
         return none(f"fewer than {min_clusters} {unit}")
     if total == 0:
         return none("zero denominator")
     drawn = s > 0
-    per_cluster = a[drawn] / s[drawn]
-    if np.ptp(per_cluster) <= 1e-12 * max(1.0, abs(float(per_cluster.mean()))):
+    if _same_ratio_everywhere(a[drawn] / s[drawn]):
         return none(f"every one of the {unit} has the same ratio")
-
-    rng = np.random.default_rng(seed)
-    two_stage = n_launches >= 3
-    w = _counts(rng.integers(0, n_clusters, (resamples, n_clusters)), n_clusters)
-    if two_stage:
-        v = _counts(rng.integers(0, n_launches, (resamples, n_launches)), n_launches)
-        a_b, s_b = v @ a_lc, v @ s_lc  # (B, C): each resample's cluster totals over its drawn launches
-        sum_a, sum_s = (w * a_b).sum(1), (w * s_b).sum(1)
-    else:
-        a_b, s_b = a[None, :], s[None, :]
-        sum_a, sum_s = w @ a, w @ s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot = sum_a / sum_s
-    keep = np.isfinite(boot)
-    level = 0.5 + confidence / 2
-    alpha = 1 - confidence
-    c = n_clusters
-
-    def delta_se(sum_s: float | np.ndarray, resid_sq: float | np.ndarray) -> np.ndarray:
-        # linearised variance of a ratio of cluster sums: c / (c - 1) * sum (a_i - r s_i)^2 / (sum s)^2
-        return np.sqrt(c / (c - 1) * resid_sq) / sum_s
-
-    se = float(delta_se(total, float(((a - ratio * s) ** 2).sum())))
-    if two_stage:
-        launch_note = f"two-stage bootstrap over {n_launches} launches then {c} {unit}"
-    else:
-        launch_note = f"bootstrap over {c} {unit}" + (
-            f" x {n_launches} launch{'' if n_launches == 1 else 'es'}" if launches is not None else ""
-        )
+    fit = _bootstrap_clusters(a_lc, s_lc, confidence, resamples, seed)
+    note = _resampling_note(n_launches, c, unit, labelled=launches is not None)
+    nonnegative = bool((num >= 0).all() and (den >= 0).all())
     out: dict[str, Interval] = {}
     for variant in variants:
-        if variant == "percentile":
-            low, high = np.quantile(boot[keep], [alpha / 2, level])
-        elif variant == "BCa":
-            below = float(np.mean(boot[keep] < ratio) + 0.5 * np.mean(boot[keep] == ratio))
-            z0 = float(stats.norm.ppf(min(max(below, 1e-9), 1 - 1e-9)))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                jack = (a.sum() - a) / (total - s)
-            jack = jack[np.isfinite(jack)]
-            dev = jack.mean() - jack
-            spread = float((dev**2).sum())
-            accel = float((dev**3).sum()) / (6 * spread**1.5) if spread > 0 else 0.0
-            z = stats.norm.ppf([alpha / 2, level])
-            adjusted = stats.norm.cdf(z0 + (z0 + z) / (1 - accel * (z0 + z)))
-            low, high = np.quantile(boot[keep], adjusted)
-        elif variant == "bootstrap-t (delta SE)":
-            resid_sq = (w * (a_b - boot[:, None] * s_b) ** 2).sum(1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_star = (boot - ratio) / delta_se(sum_s, resid_sq)
-            t_star = t_star[np.isfinite(t_star)]
-            q_low, q_high = np.quantile(t_star, [alpha / 2, level])
-            low, high = ratio - q_high * se, ratio - q_low * se
-        elif variant == "bootstrap-t on logs (delta SE)":
-            low = high = math.nan  # no log of a ratio <= 0
-            if ratio > 0:
-                resid_sq = (w * (a_b - boot[:, None] * s_b) ** 2).sum(1)
-                # t* = -inf where a resample's ratio is 0; the quantiles keep those
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    t_star = (np.log(boot) - math.log(ratio)) / (delta_se(sum_s, resid_sq) / boot)
-                    q_low, q_high = np.quantile(t_star[~np.isnan(t_star)], [alpha / 2, level])
-                    low, high = ratio * np.exp(-q_high * se / ratio), ratio * np.exp(-q_low * se / ratio)
-        elif variant in ("bootstrap-t (jackknife SE)", "symmetric bootstrap-t (jackknife SE)"):
-            # leave one drawn cluster out: theta_i = (A - a_i) / (S - s_i), each cluster as often as drawn
-            with np.errstate(divide="ignore", invalid="ignore"):
-                theta = (sum_a[:, None] - a_b) / (sum_s[:, None] - s_b)
-                theta = np.where(w > 0, theta, 0.0)
-                mean_theta = (w * theta).sum(1) / c
-                se_star = np.sqrt((c - 1) / c * (w * (theta - mean_theta[:, None]) ** 2).sum(1))
-                t_star = (boot - ratio) / se_star
-                jack = (a.sum() - a) / (total - s)
-            t_star = t_star[np.isfinite(t_star)]
-            jack = jack[np.isfinite(jack)]
-            se_jack = math.sqrt((c - 1) / c * float(((jack - jack.mean()) ** 2).sum()))
-            if variant.startswith("symmetric"):
-                q_high = float(np.quantile(np.abs(t_star), confidence))
-                q_low = -q_high
-            else:
-                q_low, q_high = np.quantile(t_star, [alpha / 2, level])
-            low, high = ratio - q_high * se_jack, ratio - q_low * se_jack
-        else:  # delta t
-            half = float(stats.t.ppf(level, c - 1)) * se
-            low, high = ratio - half, ratio + half
-        if (num >= 0).all() and (den >= 0).all():
+        low, high = CLUSTER_BOUNDS[variant](fit)
+        if nonnegative:
             low = max(float(low), 0.0)  # a ratio of non-negative sums is not negative
         out[variant] = Interval(
-            estimate,
-            offset + float(low),
-            offset + float(high),
-            c,
-            f"{launch_note}, {variant} {percent(confidence)}",
+            estimate, offset + float(low), offset + float(high), c, f"{note}, {variant} {percent(confidence)}"
         )
     return out
 
@@ -536,6 +647,83 @@ def cluster_ratio_intervals(
 PAIRED_SCALES = ("log", "ratio")
 # chosen by coverage (benchmarks/interval_coverage.py --blocks paired, docs/analysis.md: interval coverage)
 PAIRED_SCALE = "ratio"
+
+
+@dataclass(frozen=True)
+class _Arm:
+    """One arm's rows summed per cluster (sorted cluster names)."""
+
+    names: np.ndarray
+    num: np.ndarray
+    den: np.ndarray
+    nonnegative: bool  # every row's numerator and denominator >= 0
+
+
+def _arm_totals(num: Sequence[float], den: Sequence[float], labels: Sequence[str], side: str) -> _Arm:
+    n, d = _finite_rows(num, den, f"arm {side}: ")
+    if len(labels) != len(n):
+        raise ValueError(f"arm {side}: {len(labels)} cluster labels for {len(n)} rows")
+    names, codes = np.unique(np.asarray(labels, dtype=str), return_inverse=True)
+    codes = codes.ravel()
+    sums = np.bincount(codes, n, minlength=len(names)), np.bincount(codes, d, minlength=len(names))
+    return _Arm(names, *sums, bool((n >= 0).all() and (d >= 0).all()))
+
+
+@dataclass(frozen=True)
+class _SharedClusters:
+    """Both arms' totals over the clusters present on both sides: a / s is arm a's, b / t arm b's."""
+
+    a: np.ndarray
+    s: np.ndarray
+    b: np.ndarray
+    t: np.ndarray
+    offset: float
+
+    @property
+    def c(self) -> int:
+        return len(self.a)
+
+    def ratio(self, sum_a: Any, sum_s: Any, sum_b: Any, sum_t: Any, on_log: bool) -> Any:
+        """(offset + sum_a / sum_s) / (offset + sum_b / sum_t), or its log; elementwise over arrays."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            value = (self.offset + sum_a / sum_s) / (self.offset + sum_b / sum_t)
+            return np.log(value) if on_log else value
+
+
+def _paired_half_width(
+    pair: _SharedClusters, on_log: bool, confidence: float, resamples: int, seed: int
+) -> float | str:
+    """The symmetric bootstrap-t half-width (jackknife SE) on the ratio or log scale, or why there is none."""
+    a, s, b, t, c = pair.a, pair.s, pair.b, pair.t, pair.c
+    sa, ss, sb, st = float(a.sum()), float(s.sum()), float(b.sum()), float(t.sum())
+    rng = np.random.default_rng(seed)
+    w = _counts(rng.integers(0, c, (resamples, c)), c)  # the same draw of prompts for both arms
+    boot_a, boot_s, boot_b, boot_t = w @ a, w @ s, w @ b, w @ t
+    centre = float(pair.ratio(sa, ss, sb, st, on_log))
+    boot = pair.ratio(boot_a, boot_s, boot_b, boot_t, on_log)
+    # leave one drawn cluster out, each as often as drawn (as cluster_ratio_intervals' jackknife variants)
+    loo = pair.ratio(
+        boot_a[:, None] - a[None, :],
+        boot_s[:, None] - s[None, :],
+        boot_b[:, None] - b[None, :],
+        boot_t[:, None] - t[None, :],
+        on_log,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_star = np.abs((boot - centre) / _resampled_jackknife_se(w, loo, c))
+    t_star = t_star[~np.isnan(t_star)]  # +inf (a resample of one prompt repeated) stays: it widens
+    jack = pair.ratio(sa - a, ss - s, sb - b, st - t, on_log)
+    jack = jack[np.isfinite(jack)]
+    se_jack = _jackknife_se(jack, c) if len(jack) > 1 else math.nan
+    if not len(t_star) or not math.isfinite(se_jack) or se_jack == 0:
+        return "no spread between the resamples"
+    with np.errstate(invalid="ignore"):  # inf - inf between two infinite order statistics
+        half = float(np.quantile(t_star, confidence)) * se_jack
+    if not math.isfinite(half):  # too many resamples of one prompt repeated (only with very few prompts)
+        return "unbounded bootstrap-t quantile"
+    if on_log and half > 700:  # exp overflows: no upper bound
+        return "unbounded bootstrap-t quantile"
+    return half
 
 
 def paired_cluster_ratio_interval(
@@ -582,31 +770,15 @@ def paired_cluster_ratio_interval(
     when every shared cluster has the same ratio (offset + a_i / s_i) / (offset + b_i / t_i)."""
     if scale not in PAIRED_SCALES:
         raise ValueError(f"scale must be one of {PAIRED_SCALES}, got {scale!r}")
-
-    def totals(num: Sequence[float], den: Sequence[float], labels: Sequence[str], side: str):
-        n = np.asarray(num, dtype=float)
-        d = np.asarray(den, dtype=float)
-        if n.shape != d.shape or n.ndim != 1:
-            raise ValueError(f"arm {side}: numerator and denominator differ in shape: {n.shape} {d.shape}")
-        if not (np.isfinite(n).all() and np.isfinite(d).all()):
-            raise ValueError(f"arm {side}: numerator and denominator must be finite")
-        if len(labels) != len(n):
-            raise ValueError(f"arm {side}: {len(labels)} cluster labels for {len(n)} rows")
-        names, codes = np.unique(np.asarray(labels, dtype=str), return_inverse=True)
-        codes = codes.ravel()
-        sums = np.bincount(codes, n, minlength=len(names)), np.bincount(codes, d, minlength=len(names))
-        return names, sums, bool((n >= 0).all() and (d >= 0).all())
-
-    names_a, (a_all, s_all), nonneg_a = totals(num_a, den_a, clusters_a, "a")
-    names_b, (b_all, t_all), nonneg_b = totals(num_b, den_b, clusters_b, "b")
-    shared, in_a, in_b = np.intersect1d(names_a, names_b, assume_unique=True, return_indices=True)
-    a, s, b, t = a_all[in_a], s_all[in_a], b_all[in_b], t_all[in_b]
-    c = len(shared)
+    arm_a = _arm_totals(num_a, den_a, clusters_a, "a")
+    arm_b = _arm_totals(num_b, den_b, clusters_b, "b")
+    _, in_a, in_b = np.intersect1d(arm_a.names, arm_b.names, assume_unique=True, return_indices=True)
+    pair = _SharedClusters(arm_a.num[in_a], arm_a.den[in_a], arm_b.num[in_b], arm_b.den[in_b], offset)
+    a, s, b, t, c = pair.a, pair.s, pair.b, pair.t, pair.c
     sa, ss, sb, st = float(a.sum()), float(s.sum()), float(b.sum()), float(t.sum())
     top = offset + sa / ss if ss else math.nan
     bottom = offset + sb / st if st else math.nan
     estimate = top / bottom if bottom and math.isfinite(bottom) else math.nan
-    level = percent(confidence)
 
     def none(why: str) -> Interval:
         return Interval(estimate, estimate, estimate, c, f"{why}: no interval")
@@ -616,69 +788,29 @@ def paired_cluster_ratio_interval(
     if not (ss and st and bottom and math.isfinite(estimate)):
         return none("zero denominator")
     drawn = (s > 0) & (t > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_cluster = (offset + a[drawn] / s[drawn]) / (offset + b[drawn] / t[drawn])
+    per_cluster = pair.ratio(a[drawn], s[drawn], b[drawn], t[drawn], on_log=False)
     per_cluster = per_cluster[np.isfinite(per_cluster)]
-    if len(per_cluster) and np.ptp(per_cluster) <= 1e-12 * max(1.0, abs(float(per_cluster.mean()))):
+    if len(per_cluster) and _same_ratio_everywhere(per_cluster):
         return none(f"every one of the {unit} has the same ratio")
     on_log = scale == "log" and estimate > 0
-
-    def theta(sum_a, sum_s, sum_b, sum_t):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            value = (offset + sum_a / sum_s) / (offset + sum_b / sum_t)
-            return np.log(value) if on_log else value
-
-    rng = np.random.default_rng(seed)
-    w = _counts(rng.integers(0, c, (resamples, c)), c)  # the same draw of prompts for both arms
-    boot_a, boot_s, boot_b, boot_t = w @ a, w @ s, w @ b, w @ t
-    centre = float(theta(sa, ss, sb, st))
-    boot = theta(boot_a, boot_s, boot_b, boot_t)
-    # leave one drawn cluster out, each as often as drawn (as cluster_ratio_intervals' jackknife variants)
-    loo = theta(
-        boot_a[:, None] - a[None, :],
-        boot_s[:, None] - s[None, :],
-        boot_b[:, None] - b[None, :],
-        boot_t[:, None] - t[None, :],
-    )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        loo = np.where(w > 0, loo, 0.0)
-        mean_loo = (w * loo).sum(1) / c
-        se_star = np.sqrt((c - 1) / c * (w * (loo - mean_loo[:, None]) ** 2).sum(1))
-        t_star = np.abs((boot - centre) / se_star)
-    t_star = t_star[~np.isnan(t_star)]  # +inf (a resample of one prompt repeated) stays: it widens
-    jack = theta(sa - a, ss - s, sb - b, st - t)
-    jack = jack[np.isfinite(jack)]
-    se_jack = math.sqrt((c - 1) / c * float(((jack - jack.mean()) ** 2).sum())) if len(jack) > 1 else math.nan
-    if not len(t_star) or not math.isfinite(se_jack) or se_jack == 0:
-        return none("no spread between the resamples")
-    with np.errstate(invalid="ignore"):  # inf - inf between two infinite order statistics
-        half = float(np.quantile(t_star, confidence)) * se_jack
-    if not math.isfinite(half):  # too many resamples of one prompt repeated (only with very few prompts)
-        return none("unbounded bootstrap-t quantile")
+    half = _paired_half_width(pair, on_log, confidence, resamples, seed)
+    # a ratio of non-negative figures is not negative: below 0 on the ratio scale, the log scale's bounds
+    # (which are positive) replace it
+    nonnegative = arm_a.nonnegative and arm_b.nonnegative and offset >= 0
+    if not on_log and not isinstance(half, str) and estimate - half <= 0 < estimate and nonnegative:
+        on_log = True
+        half = _paired_half_width(pair, on_log, confidence, resamples, seed)
+    if isinstance(half, str):
+        return none(half)
     if on_log:
-        if half > 700:  # exp overflows: no upper bound
-            return none("unbounded bootstrap-t quantile")
         low, high = estimate * math.exp(-half), estimate * math.exp(half)
     else:
         low, high = estimate - half, estimate + half
-        if low <= 0 and estimate > 0 and nonneg_a and nonneg_b and offset >= 0:
-            # a ratio of non-negative figures is not negative: the log scale's bounds are positive
-            return paired_cluster_ratio_interval(
-                num_a,
-                den_a,
-                clusters_a,
-                num_b,
-                den_b,
-                clusters_b,
-                offset=offset,
-                confidence=confidence,
-                resamples=resamples,
-                seed=seed,
-                min_clusters=min_clusters,
-                unit=unit,
-                scale="log",
-            )
     variant = "symmetric bootstrap-t on logs (jackknife SE)" if on_log else CLUSTER_VARIANT
     return Interval(
-        estimate, float(low), float(high), c, f"bootstrap over {c} {unit} paired new/old, {variant} {level}"
+        estimate,
+        float(low),
+        float(high),
+        c,
+        f"bootstrap over {c} {unit} paired new/old, {variant} {percent(confidence)}",
     )

@@ -1,7 +1,7 @@
 """Verifying a recommendation, as plain functions (flows/decide.py runs them): choose the recommendation to verify
 from a sweep (analysis.recommend), write the campaign that launches it beside plain and the best fixed depth,
 and once that campaign is in the warehouse, write the decision: per load what the schedule claims, what the
-launch measured and whether it confirmed or refuted the claim (artifacts.decisions.DecisionDocument).
+launch measured and whether it confirmed or refuted the claim (artifacts.documents.DecisionDocument).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from analysis.recommend import (
 )
 from analysis.speedup import speedup_table
 from artifacts import layout
-from artifacts.decisions import DecisionDocument, DecisionLoad
+from artifacts.documents import DecisionDocument, DecisionLoad
 from artifacts.store import read_document, write_json_atomic
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now

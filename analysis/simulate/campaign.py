@@ -5,7 +5,7 @@ the shapes' cost from its measured cells, store it in the warehouse.
     snapshot) -> cost model fit + projections -> tree_sim* tables (writer, one transaction)
 
 `simulate_campaign` is what `specgauge simulate`, the `simulate` flow (flows/simulate.py) and the demo call.
-The report reads the stored rows (analysis/report.py, "Trees and drafter combinations (offline)"); the
+The report reads the stored rows (analysis/report_sections.py, "Trees and drafter combinations (offline)"); the
 caller re-renders it after writing (`analysis.run.analyze_campaign`).
 """
 
