@@ -343,37 +343,11 @@ async def capture_async(
     return write_capture_artifact(final, meta, [output_row(r) for r in records])
 
 
-def capture(
-    deployment: Deployment,
-    corpus: Corpus,
-    *,
-    sampling: Sampling,
-    max_tokens: int | None = None,
-    limit: int | None = None,
-    raw_campaign_dir: Path,
-    capture_id: str,
-    campaign_id: str,
-    progress: Progress | None = None,
-    allow_sampling: bool = False,
-    timeout_s: float = 300.0,
-) -> Path:
+def capture(deployment: Deployment, corpus: Corpus, **options: Any) -> Path:
     """Capture `corpus` (its first `limit` prompts) on a ready deployment, one request at a time, and write
     RAW/<campaign>/captures/<capture_id>/. Returns that directory.
 
-    Refuses non-greedy sampling unless `allow_sampling` (a deliberately lossy capture for testing the gate).
-    Failed requests are kept as failed rows with their reason; the artifact is written either way."""
-    return asyncio.run(
-        capture_async(
-            deployment,
-            corpus,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            limit=limit,
-            raw_campaign_dir=raw_campaign_dir,
-            capture_id=capture_id,
-            campaign_id=campaign_id,
-            progress=progress,
-            allow_sampling=allow_sampling,
-            timeout_s=timeout_s,
-        )
-    )
+    `options` are capture_async's keywords (sampling, raw_campaign_dir, capture_id and campaign_id are
+    required). Refuses non-greedy sampling unless `allow_sampling` (a deliberately lossy capture for testing
+    the gate). Failed requests are kept as failed rows with their reason; the artifact is written either way."""
+    return asyncio.run(capture_async(deployment, corpus, **options))

@@ -41,11 +41,12 @@ JOIN attempts a USING (campaign_id, cell_id)
 LEFT JOIN deployments d ON d.deployment_id = c.deployment_id
 LEFT JOIN spec_decode sd USING (cell_key);
 
--- Each speculative cell against the plain cell of the same campaign, workload (stratum and file hash),
--- load (mode, concurrency, rate), endpoint, sampling, engine settings and repeat. Ratios > 1 mean faster.
--- The baseline is never the A/A control (a second plain arm: v_aa).
-CREATE OR REPLACE VIEW v_speedup AS
+-- Each speculative or A/A-control cell against the plain cell of the same campaign, workload (stratum and
+-- file hash), load (mode, concurrency, rate), endpoint, sampling, engine settings and repeat. Ratios > 1 mean
+-- faster. The baseline is never the A/A control (a second plain arm). v_speedup and v_aa read it.
+CREATE OR REPLACE VIEW v_against_plain AS
 SELECT
+    s.aa_control,
     s.campaign_id, s.cell_id, s.variant, s.method, s.k, s.repeat, s.workload,
     s.load_label, s.load_mode, s.concurrency, s.rate,
     b.cell_id AS baseline_cell_id, b.variant AS baseline_variant,
@@ -64,7 +65,7 @@ SELECT
 FROM v_cells s
 JOIN v_cells b
   ON b.method = 'none' AND NOT b.aa_control
- AND s.method <> 'none'
+ AND (s.method <> 'none' OR s.aa_control)
  AND b.campaign_id = s.campaign_id
  AND b.workload = s.workload
  AND b.workload_sha256 IS NOT DISTINCT FROM s.workload_sha256
@@ -76,39 +77,14 @@ JOIN v_cells b
  AND b.engine_key = s.engine_key
  AND b.repeat = s.repeat;
 
+-- Each speculative cell against its plain cell (v_against_plain). Ratios > 1 mean faster.
+CREATE OR REPLACE VIEW v_speedup AS
+SELECT * EXCLUDE (aa_control) FROM v_against_plain WHERE method <> 'none';
+
 -- The A/A control's cells against the plain cell of the same workload, load, setting and repeat: the same
 -- columns as v_speedup; its "speedups" measure how far two identically launched plain arms differ.
 CREATE OR REPLACE VIEW v_aa AS
-SELECT
-    s.campaign_id, s.cell_id, s.variant, s.method, s.k, s.repeat, s.workload,
-    s.load_label, s.load_mode, s.concurrency, s.rate,
-    b.cell_id AS baseline_cell_id, b.variant AS baseline_variant,
-    s.output_throughput_tok_s, b.output_throughput_tok_s AS baseline_output_throughput_tok_s,
-    s.output_throughput_tok_s / NULLIF(b.output_throughput_tok_s, 0) AS throughput_speedup,
-    s.request_throughput_rps / NULLIF(b.request_throughput_rps, 0) AS request_throughput_speedup,
-    s.ttft_p50_s, b.ttft_p50_s AS baseline_ttft_p50_s, b.ttft_p50_s / NULLIF(s.ttft_p50_s, 0) AS ttft_p50_speedup,
-    s.ttft_p95_s, b.ttft_p95_s AS baseline_ttft_p95_s, b.ttft_p95_s / NULLIF(s.ttft_p95_s, 0) AS ttft_p95_speedup,
-    s.tpot_p50_s, b.tpot_p50_s AS baseline_tpot_p50_s, b.tpot_p50_s / NULLIF(s.tpot_p50_s, 0) AS tpot_p50_speedup,
-    s.tpot_p95_s, b.tpot_p95_s AS baseline_tpot_p95_s, b.tpot_p95_s / NULLIF(s.tpot_p95_s, 0) AS tpot_p95_speedup,
-    s.acceptance_rate, s.mean_acceptance_length,
-    s.server_valid AND b.server_valid AS server_valid,
-    -- true: the engine ran with other settings than plain's beyond speculation (a confound; NULL: unknown)
-    CASE WHEN s.effective_key IS NULL OR b.effective_key IS NULL THEN NULL
-         ELSE s.effective_key <> b.effective_key END AS confounded
-FROM v_cells s
-JOIN v_cells b
-  ON b.method = 'none' AND NOT b.aa_control
- AND s.aa_control
- AND b.campaign_id = s.campaign_id
- AND b.workload = s.workload
- AND b.workload_sha256 IS NOT DISTINCT FROM s.workload_sha256
- AND b.load_mode = s.load_mode
- AND b.concurrency IS NOT DISTINCT FROM s.concurrency
- AND b.rate IS NOT DISTINCT FROM s.rate
- AND b.endpoint IS NOT DISTINCT FROM s.endpoint
- AND b.sampling_key = s.sampling_key
- AND b.engine_key = s.engine_key
- AND b.repeat = s.repeat;
+SELECT * EXCLUDE (aa_control) FROM v_against_plain WHERE aa_control;
 
 -- Speculation figures of every speculative cell whose server counters are valid (no restart).
 CREATE OR REPLACE VIEW v_acceptance AS

@@ -67,7 +67,6 @@ from artifacts.documents import (
     ImportFacts,
     Latency,
     LoadFacts,
-    RequestCounts,
     RunRecord,
     SamplingFacts,
     SpecFacts,
@@ -87,6 +86,7 @@ from tasks.metrics.summary import (
     cell_status,
     chunk_gaps,
     distribution,
+    request_counts,
     speculation_block,
     tokens_per_chunk_check,
 )
@@ -715,14 +715,8 @@ def _cell_summary(cell: _ReferenceCell) -> CellSummary:
     return CellSummary(
         status=status,
         error=error,
-        requests=RequestCounts(
-            total=total,
-            ok=n_ok,
-            failed=failures,
-            success_rate=n_ok / total if total else None,
-            # The reference records error text, not our error classes: failures count as `unknown`.
-            errors={"unknown": failures} if failures else {},
-        ),
+        # The reference records error text, not our error classes: failures count as `unknown`.
+        requests=request_counts(total, n_ok, failures, {"unknown": failures} if failures else {}),
         wall_s=wall,
         output_throughput_tok_s=completion / wall,
         request_throughput_rps=n_ok / wall,

@@ -216,6 +216,13 @@ def cell_status(measured_requests: int, server_problem: str | None) -> tuple[str
     return "ok", None
 
 
+def request_counts(total: int, ok: int, failed: int, errors: dict[str, int]) -> RequestCounts:
+    """A cell's request counts (`errors`: failures by class) and its success rate."""
+    return RequestCounts(
+        total=total, ok=ok, failed=failed, success_rate=ok / total if total else None, errors=errors
+    )
+
+
 def speculation_block(
     spec: SpecDelta | None, tokens: int, tokens_basis: str, tpot_mean: float | None
 ) -> Speculation | None:
@@ -305,13 +312,7 @@ def summarize_cell(
     return CellSummary(
         status=status,
         error=error,
-        requests=RequestCounts(
-            total=total,
-            ok=n_ok,
-            failed=failed.height,
-            success_rate=n_ok / total if total else None,
-            errors=dict(errors),
-        ),
+        requests=request_counts(total, n_ok, failed.height, dict(errors)),
         wall_s=wall,
         measured_window_s=list(measured_window) if measured_window else None,
         output_throughput_tok_s=per_wall(completion_tokens),
