@@ -1,4 +1,4 @@
-"""A person's answer to a decision (artifacts.decisions): when approved, the files a team deploys the verified
+"""A person's answer to a decision (artifacts.documents): when approved, the files a team deploys the verified
 speculation config with, rendered by the launchers' own code (tasks/launch/), and the promotion document.
 
     SPECGAUGE_HOME/promoted/<decision_id>/speculative-config.json   --speculative-config as vLLM takes it
@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from artifacts import layout
-from artifacts.decisions import DecisionDocument, PromotionDocument
+from artifacts.documents import DecisionDocument, PromotionDocument
 from artifacts.store import atomic_dir, read_document, write_json_atomic
 from experiments.spec import ExperimentSpec, SlurmLaunchSpec, SmlLaunchSpec, TargetSpec, Variant, load_spec
 from specgauge.errors import ArtifactError, InputError
@@ -416,10 +416,10 @@ def latest_promoted_decision(home: Path) -> str | None:
 
 
 def promote_decision(decision_id: str, approved: bool, approver: str, note: str, via: str) -> dict[str, Any]:
-    """A person's answer to a stored decision (artifacts.decisions.read_decision), with the spec it was verified with
-    (the verification campaign's spec file; the sweep's record when nothing was launched): the promotion
-    document, and when approved the deploy files. Returns what the CLI and the flow print."""
-    from artifacts.decisions import read_decision
+    """A person's answer to a stored decision (artifacts.documents.read_decision), with the spec it was
+    verified with (the verification campaign's spec file; the sweep's record when nothing was launched): the
+    promotion document, and when approved the deploy files. Returns what the CLI and the flow print."""
+    from artifacts.documents import read_decision
     from specgauge.settings import get_settings
 
     path, decision = read_decision(get_settings().raw_dir, decision_id)

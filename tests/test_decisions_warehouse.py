@@ -15,7 +15,7 @@ import pytest
 from warehouse_fixtures import RawBuilder, make_spec
 
 from artifacts import layout
-from artifacts.decisions import DecisionDocument, PromotionDocument
+from artifacts.documents import DecisionDocument, PromotionDocument
 from artifacts.store import write_json_atomic
 from warehouse.ingest import ingest_raw
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from artifacts import layout
-from artifacts.decisions import DecisionDocument, PromotionDocument
+from artifacts.documents import DecisionDocument, PromotionDocument
 from artifacts.store import read_document
 from experiments.plan import resolve_repo_path
 from experiments.spec import ExperimentSpec, TargetSpec, Variant

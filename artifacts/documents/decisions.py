@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from artifacts import layout
-from artifacts.documents import Configuration, Document, Flag, Number, Text, Time, ToolFacts, Whole
+from artifacts.documents.base import Configuration, Document, Flag, Number, Text, Time, Whole
+from artifacts.documents.blocks import ToolFacts
 
 Outcome = Literal["confirmed", "refuted", "inconclusive"]
 OUTCOMES: tuple[str, ...] = ("confirmed", "refuted", "inconclusive")
