@@ -44,7 +44,9 @@ def hook(kind, keys):
     if kind == "cell":
         seen.extend(keys)
         if len(seen) == 3:  # inside the third cell's transaction, its rows already inserted
-            Path(sys.argv[3]).write_text("\\n".join(seen))
+            # written aside, then renamed: the test reads it the moment it appears (and then kills us)
+            Path(sys.argv[3] + ".tmp").write_text("\\n".join(seen))
+            Path(sys.argv[3] + ".tmp").rename(sys.argv[3])
             time.sleep(120)
 ingest_raw(Path(sys.argv[1]), Path(sys.argv[2]), before_commit=hook, per_artifact=True)
 """
