@@ -31,9 +31,10 @@ from rich.console import Console
 from rich.table import Table
 
 from artifacts import layout
+from artifacts.documents.captures import load_capture
 from experiments.spec import ExperimentSpec, Sampling, TargetSpec, Variant, load_spec
 from specgauge.provenance import utc_stamp
-from tasks.capture import capture, load_capture
+from tasks.capture import capture
 from tasks.gate import GateRefusal, compare, gate, write_verdict
 from tasks.health import wait_ready
 from tasks.launch import deployed

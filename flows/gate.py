@@ -11,9 +11,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from artifacts import layout
+from artifacts.documents.captures import load_capture
 from artifacts.store import read_json
 from experiments.plan import GatePlan
-from tasks.capture import load_capture
 from tasks.gate import GateRefusal, compare, gate, verdict_id_for, write_verdict
 
 

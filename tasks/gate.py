@@ -29,11 +29,11 @@ from scipy.stats import binomtest, permutation_test
 
 from artifacts import ids, layout
 from artifacts.documents import GateVerdictDocument
+from artifacts.documents.captures import Capture, Output, load_capture
 from artifacts.store import write_json_atomic
 from specgauge.argv import without_options
 from specgauge.errors import InputError
 from specgauge.provenance import tool_facts, utc_now
-from tasks.capture import Capture, Output, load_capture
 
 GATE_FORMAT = 1
 MIN_PROMPTS = 32

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from artifacts.documents.captures import load_capture
 from experiments.spec import Sampling, Variant, load_spec
 from specgauge.errors import ArtifactError
-from tasks.capture import SamplingNotGreedy, capture, load_capture
+from tasks.capture import SamplingNotGreedy, capture
 from tasks.gate import GateRefusal, compare, gate
 from tasks.launch.base import Deployment
 from tasks.launch.local import free_port

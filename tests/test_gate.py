@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from artifacts.documents.captures import load_capture
 from specgauge.errors import ArtifactError
-from tasks.capture import load_capture, write_capture_artifact
+from tasks.capture import write_capture_artifact
 from tasks.gate import (
     MIN_PROMPTS,
     GateRefusal,

@@ -329,7 +329,7 @@ def test_a_shape_names_a_proposer_that_is_not_available():
 
 def test_validation_compares_served_counters_with_the_replay(tmp_path):
     from analysis.simulate.captures import CaptureInput
-    from tasks.capture import Capture
+    from artifacts.documents.captures import Capture
 
     out = [7, 8, 7, 8, 7, 8]
     served = {

@@ -103,7 +103,7 @@ def test_draft_model_chain_equals_drafting_step_by_step(python, fresh_home, tmp_
     reference = json.loads(done.stdout)
 
     from analysis.simulate.captures import CaptureInput
-    from tasks.capture import Capture
+    from artifacts.documents.captures import Capture
 
     item = CaptureInput(
         capture=Capture(path=tmp_path, meta={"capture_id": "fixture"}, outputs=()),

@@ -18,9 +18,9 @@ from typing import Any
 from analysis.simulate import models
 from analysis.simulate.replay import Request
 from artifacts import layout
+from artifacts.documents.captures import Capture, Output, load_capture
 from specgauge.errors import ArtifactError
 from specgauge.settings import REPO_ROOT
-from tasks.capture import Capture, Output, load_capture
 from workloads.schema import Prompt, load_corpus
 
 

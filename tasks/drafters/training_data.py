@@ -215,7 +215,7 @@ def _corpus_of(capture_dir: Path, meta: dict[str, Any]) -> Path:
 
 def read_captures(capture_dirs: list[Path], target_dir: Path) -> list[Example]:
     """The ok outputs with token ids of greedy captures, their prompts tokenized as the engine did."""
-    from tasks.capture import load_capture
+    from artifacts.documents.captures import load_capture
     from workloads.schema import load_corpus
 
     pending: list[tuple[str, Any, str]] = []  # (capture id, output, prompt id)
