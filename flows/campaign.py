@@ -8,12 +8,7 @@ speculative variant (its verdicts are raw artifacts), ingest the raw tree once, 
 Re-running the same spec resumes: finished cells, captures, profiles and verdicts are skipped.
 """
 
-import contextvars
 import logging
-import threading
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -22,7 +17,6 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from analysis.adaptive import RepeatDecision, campaign_observations, repeat_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -35,7 +29,8 @@ from experiments.plan import (
     plan_campaign,
     resolve_repo_path,
 )
-from experiments.spec import AdaptiveRepeats, ExperimentSpec
+from experiments.spec import ExperimentSpec
+from flows.analyze import AnalysisRequest
 from flows.analyze import analyze as analyze_flow
 from flows.gate import gate_campaign
 from flows.ingest import ingest as ingest_flow
@@ -44,22 +39,21 @@ from flows.profile import profile as profile_flow
 from flows.progress import ArtifactProgress, cell_artifact
 from flows.retry import is_transient
 from specgauge import progress
-from specgauge.errors import LaunchError
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT
 from tasks import campaign as state
-from tasks.capacity import EngineGone, Point, search_deployment
-from tasks.capture import capture
-from tasks.cell import CellOutcome, run_cell
+from tasks.capacity import Point
+from tasks.cell import CellOutcome
+from tasks.drafters.prelaunch import check_launchable
 from tasks.health import wait_ready
-from tasks.launch import Launcher, check_launchable, launcher_for, reap_leftovers
+from tasks.launch import Launcher, launcher_for, reap_leftovers
 from tasks.launch.base import Deployment
 from tasks.load.calibration import calibrate_client, calibrated, fmt_ms, fmt_pair, write_calibration
 from tasks.metrics.engine_config import observe_engine_config
-from tasks.outcome import SKIPPED, SlotOutcome, artifact_key, cell_log_line, failed_cells, report_markdown
+from tasks.outcome import artifact_key, cell_log_line, failed_cells, report_markdown
+from tasks.relaunch import SlotRun, SlotSteps, capture_greedy, measure_cell, run_slot, search_capacity
+from tasks.slots import run_blocks, slot_corpora
 from workloads.schema import Corpus
-
-MAX_LAUNCHES_PER_SLOT = 3  # a deployment that keeps dying is recorded as failed, the campaign goes on
 
 
 # -- the deployment subflow -----------------------------------------------------------------------------------
@@ -96,71 +90,28 @@ def launch_until_ready(
 
 
 @task(name="cell", cache_policy=NO_CACHE)
-def cell_task(
-    deployment: Deployment,
-    cell: CellPlan,
-    spec: ExperimentSpec,
-    campaign_id: str,
-    slot: DeploymentPlan,
-    corpus: Corpus,
-    directory: Path,
-) -> CellOutcome:
+def cell_task(run: SlotRun, deployment: Deployment, cell: CellPlan) -> CellOutcome:
+    """One cell, with its progress, its log line and its table artifact."""
+    load = run.spec.load
     reporter = progress.current()
-    reporter.cell_started(
-        cell.cell_id, spec.load.requests_at(cell.concurrency) + spec.load.warmup_at(cell.concurrency)
-    )
-    outcome = run_cell(
-        deployment,
-        cell,
-        campaign_id=campaign_id,
-        repeat=slot.repeat,
-        corpus=corpus,
-        sampling=spec.sampling_of(slot.variant),
-        load=spec.load,
-        slo=spec.slo,
-        cells_dir=state.cells_dir(directory),
-        seed=spec.seed,
-        on_record=lambda record: reporter.request_done(),
-    )
+    reporter.cell_started(cell.cell_id, load.requests_at(cell.concurrency) + load.warmup_at(cell.concurrency))
+    outcome = measure_cell(run, deployment, cell, on_record=lambda record: reporter.request_done())
     reporter.cell_done(cell.cell_id, outcome.status)
     line = cell_log_line(cell.cell_id, outcome.status, outcome.summary)
     get_run_logger().log(logging.INFO if outcome.status == "ok" else logging.ERROR, "%s", line)
-    cell_artifact(campaign_id, cell.cell_id, state.headline_row(slot, cell, outcome.summary), line)
+    cell_artifact(run.campaign_id, cell.cell_id, state.headline_row(run.slot, cell, outcome.summary), line)
     return outcome
 
 
 @task(name="capture", cache_policy=NO_CACHE)
-def capture_task(
-    deployment: Deployment,
-    capture_id: str,
-    spec: ExperimentSpec,
-    campaign_id: str,
-    corpus: Corpus,
-    directory: Path,
-) -> Path:
-    return capture(
-        deployment,
-        corpus,
-        sampling=spec.sampling_of(deployment.variant),
-        max_tokens=spec.capture.max_tokens,
-        limit=spec.capture.limit,
-        raw_campaign_dir=directory,
-        capture_id=capture_id,
-        campaign_id=campaign_id,
-    )
+def capture_task(run: SlotRun, deployment: Deployment, capture_id: str) -> Path:
+    return capture_greedy(run, deployment, capture_id)
 
 
 @task(name="capacity-search", cache_policy=NO_CACHE)
-def capacity_task(
-    deployment: Deployment,
-    launcher: Launcher,
-    spec: ExperimentSpec,
-    campaign_id: str,
-    slot: DeploymentPlan,
-    corpus: Corpus,
-    directory: Path,
-) -> Path:
-    search = slot.search
+def capacity_task(run: SlotRun, deployment: Deployment) -> Path:
+    """The slot's capacity search, each point logged as it is measured."""
+    search = run.slot.search
     assert search is not None
     logger = get_run_logger()
 
@@ -174,17 +125,7 @@ def capacity_task(
             point.verdict,
         )
 
-    path = search_deployment(
-        deployment,
-        search,
-        spec,
-        campaign_id=campaign_id,
-        repeat=slot.repeat,
-        corpus=corpus,
-        directory=directory,
-        alive=lambda: launcher.alive(deployment),
-        on_point=said,
-    )
+    path = search_capacity(run, deployment, on_point=said)
     logger.info("capacity search %s written: %s", search.search_id, path)
     return path
 
@@ -207,183 +148,21 @@ def deployment_flow(
     node: str | None = None,
 ) -> dict[str, Any]:
     """One deployment slot of a planned campaign: launch, wait until ready, cells, captures, teardown;
-    relaunch if the engine dies mid-way. `corpora` holds the workload files its cells and captures use;
-    `node` pins the launch to the node the slot's repeat block runs on (None: the scheduler's choice)."""
+    relaunch if the engine dies mid-way (tasks.relaunch). `corpora` holds the workload files its cells and
+    captures use; `node` pins the launch to the node the slot's repeat block runs on (None: the scheduler's
+    choice)."""
     directory = state.campaign_dir(campaign_id)
     launcher = launcher_for(spec, resolve_launcher_config(spec.launcher))
     launcher.place_on(node)
-    logger = get_run_logger()
-    reporter = progress.current()
-    outcome = SlotOutcome(slot=slot.deployment_id)
-    for _ in range(MAX_LAUNCHES_PER_SLOT):
-        todo_cells = [c for c in slot.cells if not state.cell_done(directory, c)]
-        todo_captures = [c for c in slot.captures if not state.capture_done(directory, c)]
-        todo_search = slot.search is not None and not state.search_done(directory, slot.search.search_id)
-        for cell in slot.cells:
-            if cell not in todo_cells:
-                outcome.cells.setdefault(cell.cell_id, "ok (earlier run)")
-                reporter.cell_done(cell.cell_id, "ok")
-        if not todo_cells and not todo_captures and not todo_search:
-            break
-        reporter.deployment(slot.deployment_id, "launching")
-        try:
-            deployment = launch_until_ready(spec, launcher, slot, directory)
-        except LaunchError as exc:
-            logger.error("%s could not be launched: %s", slot.deployment_id, exc)
-            outcome.error = str(exc).splitlines()[0]
-            outcome.not_run([c.cell_id for c in todo_cells], "launch failed")
-            return outcome.as_dict()
-        outcome.launches.append(deployment.id)
-        outcome.node = deployment.extra.get("node")
-        reporter.deployment(deployment.id, f"ready in {deployment.ready_s:.0f} s")
-        died = False
-        try:
-            for cell in todo_cells:
-                corpus = corpora[cell.corpus_file]
-                result = cell_task(deployment, cell, spec, campaign_id, slot, corpus, directory)
-                outcome.cells[cell.cell_id] = result.status
-                if result.status != "ok" and launcher.alive(deployment) is False:
-                    logger.error("engine of %s died during %s; relaunching", deployment.id, cell.cell_id)
-                    died = True
-                    break
-            if not died:
-                for capture_id in todo_captures:
-                    corpus = corpora[spec.capture.corpus]
-                    capture_task(deployment, capture_id, spec, campaign_id, corpus, directory)
-                    outcome.captures.append(capture_id)
-            if not died and todo_search and slot.search is not None:
-                corpus = corpora[slot.search.corpus_file]
-                try:
-                    capacity_task(deployment, launcher, spec, campaign_id, slot, corpus, directory)
-                except EngineGone as exc:
-                    logger.error("%s; relaunching", exc)
-                    died = True
-        finally:
-            teardown_task(launcher, deployment)
-        if not died:
-            break
-    else:
-        outcome.error = f"engine died {MAX_LAUNCHES_PER_SLOT} times"
-    return outcome.as_dict()
-
-
-# -- repeat blocks ---------------------------------------------------------------------------------------------
-def run_block(
-    spec: ExperimentSpec, plan: CampaignPlan, block: tuple[DeploymentPlan, ...], stop: threading.Event
-) -> list[dict[str, Any]]:
-    """One repeat block: its slots in their recorded order, each pinned to the node the block's first launch
-    ran on, so that every speedup of the block is paired within one node. Once `stop` is set (the campaign
-    failed or was cancelled) it launches nothing more."""
-    outcomes: list[dict[str, Any]] = []
-    node: str | None = None
-    for slot in block:
-        if stop.is_set():
-            skipped = SlotOutcome(slot=slot.deployment_id, error="not launched: the campaign stopped")
-            skipped.not_run([c.cell_id for c in slot.cells], "campaign stopped")
-            outcomes.append(skipped.as_dict())
-            continue
-        outcome = deployment_flow(spec, plan.campaign_id, slot, slot_corpora(spec, plan, slot), node=node)
-        outcomes.append(outcome)
-        node = node or outcome.get("node")
-    return outcomes
-
-
-def repeat_decision_now(directory: Path, rule: AdaptiveRepeats, finished: list[int]) -> RepeatDecision:
-    """The adaptive rule on the repeat blocks finished so far (cells of blocks still in flight left out)."""
-    return repeat_decision(campaign_observations(directory).restricted_to(finished), rule)
-
-
-def run_blocks(
-    spec: ExperimentSpec, plan: CampaignPlan, directory: Path
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every repeat block, then the gate's controls, with up to `parallel_deployments` blocks in flight at
-    once (each a thread running deployment subflows). With adaptive repeats, after each finished block the
-    rule decides whether to launch more: once it stops, the blocks not yet launched are recorded as not run
-    (blocks already in flight finish). Returns the slot outcomes in plan order and the rule's decisions."""
-    rule = spec.adaptive_repeats
-    blocks = plan.blocks()
-    queue = list(range(len(blocks)))
-    outcomes: dict[int, list[dict[str, Any]]] = {}
-    decisions: list[dict[str, Any]] = []
-    finished: list[int] = []
-    stop = threading.Event()
-    logger = get_run_logger()
-    parallel = spec.parallel_deployments > 1
-    with (
-        ThreadPoolExecutor(spec.parallel_deployments, thread_name_prefix="repeat-block")
-        if parallel
-        else InThisThread()
-    ) as pool:
-        running: dict[Future[list[dict[str, Any]]], int] = {}
-        try:
-            while queue or running:
-                while queue and len(running) < spec.parallel_deployments:
-                    index = queue.pop(0)
-                    context = contextvars.copy_context()  # the subflows' parent: this flow run
-                    running[pool.submit(context.run, run_block, spec, plan, blocks[index], stop)] = index
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    index = running.pop(future)
-                    outcomes[index] = future.result()
-                    if blocks[index][0].role == "arm":
-                        finished.append(blocks[index][0].repeat)
-                if rule is None or not any(blocks[i][0].role == "arm" for i in queue):
-                    continue
-                decision = repeat_decision_now(directory, rule, finished)
-                decisions.append(decision_record(decision))
-                logger.info("adaptive repeats: %s", decision.reason)
-                if decision.stop:
-                    for index in [i for i in queue if blocks[i][0].role == "arm"]:
-                        queue.remove(index)
-                        outcomes[index] = [
-                            skipped(slot, "adaptive repeats stopped") for slot in blocks[index]
-                        ]
-        except BaseException:
-            # Blocks in flight launch nothing more, and their engines stop now (their threads then fail fast
-            # and end): a cancelled run's process may be killed before the threads reach their teardown.
-            stop.set()
-            if running:
-                reap_leftovers(include_own=True, id_prefix=plan.campaign_id + ".", saved=SavedBlocks())
-            raise
-    return [o for i in sorted(outcomes) for o in outcomes[i]], decisions
-
-
-class InThisThread(Executor):
-    """One block at a time runs in the flow's own thread: a cancellation's SIGTERM then interrupts the running
-    cell itself (its records kept, the engine torn down in its `finally`), as before parallel slots."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except Exception as exc:  # BaseException (SIGTERM, Ctrl-C) propagates at once
-            future.set_exception(exc)
-        return future
-
-
-def skipped(slot: DeploymentPlan, why: str) -> dict[str, Any]:
-    outcome = SlotOutcome(slot=slot.deployment_id)
-    outcome.cells.update({c.cell_id: f"{SKIPPED} ({why})" for c in slot.cells})
-    return outcome.as_dict()
-
-
-def decision_record(decision: RepeatDecision) -> dict[str, Any]:
-    return {
-        "repeats_done": decision.repeats_done,
-        "stop": decision.stop,
-        "confidence": decision.confidence,
-        "widest": None if decision.widest is None else asdict(decision.widest),
-        "widest_halfwidth": decision.widest_halfwidth,
-        "reason": decision.reason,
-    }
-
-
-def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan) -> dict[str, Corpus]:
-    """The workload files one slot needs (its cells', its search's, and the capture corpus if it captures)."""
-    files = {c.corpus_file for c in slot.cells} | ({spec.capture.corpus} if slot.captures else set())
-    if slot.search is not None:
-        files.add(slot.search.corpus_file)
-    return {f: plan.corpora[f] for f in sorted(files)}
+    run = SlotRun(spec, campaign_id, slot, corpora, directory, launcher)
+    steps = SlotSteps(
+        launch=lambda: launch_until_ready(spec, launcher, slot, directory),
+        cell=lambda deployment, cell: cell_task(run, deployment, cell),
+        capture=lambda deployment, capture_id: capture_task(run, deployment, capture_id),
+        capacity=lambda deployment: capacity_task(run, deployment),
+        teardown=lambda deployment: teardown_task(launcher, deployment),
+    )
+    return run_slot(run, steps, get_run_logger()).as_dict()
 
 
 # -- the campaign's steps -------------------------------------------------------------------------------------
@@ -588,7 +367,15 @@ def _run_planned(
     reap_task()
     if experiment.validity.client_calibration:
         result["client_calibration"] = calibration_task(experiment, plan.campaign_id, directory)
-    result["deployments"], decisions = run_blocks(experiment, plan, directory)
+
+    def run_one(slot: DeploymentPlan, node: str | None) -> dict[str, Any]:
+        return deployment_flow(
+            experiment, plan.campaign_id, slot, slot_corpora(experiment, plan, slot), node=node
+        )
+
+    result["deployments"], decisions = run_blocks(
+        experiment, plan, directory, run_one, saved=SavedBlocks(), log=get_run_logger()
+    )
     if experiment.adaptive_repeats is not None:
         result["adaptive_repeats"] = decisions
     if experiment.profile is not None:
@@ -600,5 +387,5 @@ def _run_planned(
     if ingest:  # once, after the gate: its verdicts are raw artifacts too
         result["ingest"] = ingest_flow(raw_dir=str(directory.parent), campaign_id=plan.campaign_id)
     if ingest and analyze:
-        result["analysis"] = analyze_flow(campaign_id=plan.campaign_id)
+        result["analysis"] = analyze_flow(AnalysisRequest(campaign_id=plan.campaign_id))
     return record_step(plan, directory, started, result)

@@ -26,7 +26,7 @@ from experiments.spec import ExperimentSpec, Variant
 from specgauge.errors import InputError
 from specgauge.provenance import host_facts, tool_facts, utc_now
 from specgauge.settings import get_settings
-from tasks.drafters.provenance import drafter_digest
+from specgauge.checkpoints import drafter_digest
 
 Head = Literal["old", "new"]
 HEADS: tuple[Head, Head] = ("old", "new")

@@ -473,7 +473,7 @@ def test_requests_of_a_failed_cell_do_not_count() -> None:
 
 def test_cell_rows_read_the_requests_acceptance(tmp_path: Path) -> None:
     from artifacts.documents import REQUEST_OPTIONAL_COLUMNS, REQUEST_SCHEMA
-    from flows.adapt import cell_rows
+    from tasks.adaptation.verdict import cell_rows
 
     summary = {
         "speculation": {"mean_acceptance_length": 2.0},
@@ -533,7 +533,7 @@ def test_adopt_strata_needs_every_load() -> None:
 
 def test_resolve_head_hashes_a_directory_and_refuses_what_is_none(tmp_path: Path) -> None:
     head = adapt.resolve_head("models/tiny-eagle3", label="old", raw_dir=tmp_path)
-    from tasks.drafters.provenance import drafter_digest
+    from specgauge.checkpoints import drafter_digest
 
     assert head.sha256 == drafter_digest(REPO / "models" / "tiny-eagle3") and head.drafter_id is None
     artifact = tmp_path / "drafters" / "d1" / "head"
