@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
-from analysis.decision import benefit_rule_text, gain_shortfall, success_shortfall
+from analysis.decision import gain_shortfall, success_shortfall
 from analysis.stats import (
     has_interval,
     interval_label,
     paired_cluster_ratio_interval,
     ratio_interval,
 )
+from experiments.adaptation import Rule
 
 HEADS = ("old", "new")
 METRICS: dict[str, tuple[str, bool]] = {
@@ -49,7 +49,6 @@ METRICS: dict[str, tuple[str, bool]] = {
     "throughput": ("output_throughput_tok_s", True),
     "tpot_p50": ("tpot_p50_s", False),
 }
-GAIN_METRICS = tuple(METRICS)
 CELL_SCHEMA: dict[str, Any] = {
     "cell_id": pl.String,
     "head": pl.String,
@@ -76,40 +75,6 @@ REQUEST_ROW_SCHEMA: dict[str, Any] = {
     "spec_accepted_tokens": pl.Int64,
 }
 ACCEPTANCE = "mean_acceptance_length"
-
-RULE = (
-    "The adapted head is adopted for a stratum and load only when (1) the {confidence} interval of its "
-    "{metric} ratio against the old head (t over repeats; mean acceptance length with per-request figures: a "
-    "paired bootstrap over prompts) lies above {threshold:.2f} (1 + minimum effect {min_effect:.0%}; no "
-    "interval, hence no adoption, from one repeat or a zero-width one), (2) no other stratum at that load is "
-    "worse by more than {harm:.0%} (its ratio estimate below {floor:.2f}), (3) the new head's cells "
-    "succeeded (at least {success:.0%} of requests), and (4) the greedy-correctness gate taken with the new "
-    "head serving passed."
-)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """The benefit rule's parameters (the issue's defaults; docs/adaptation.md)."""
-
-    min_effect: float = 0.10
-    max_harm: float = 0.05
-    min_success_rate: float = 0.99
-    gain_metric: str = "throughput"
-    confidence: float = 0.95
-
-    def __post_init__(self) -> None:
-        if self.gain_metric not in METRICS:
-            raise ValueError(f"gain_metric must be one of {', '.join(METRICS)}, got {self.gain_metric!r}")
-        if self.min_effect < 0:
-            raise ValueError(f"min_effect must be >= 0, got {self.min_effect}")
-        if not 0 <= self.max_harm < 1:
-            raise ValueError(f"max_harm must be within [0, 1), got {self.max_harm}")
-
-    def text(self) -> str:
-        return benefit_rule_text(
-            RULE, self.confidence, self.gain_metric, self.min_effect, self.max_harm, self.min_success_rate
-        )
 
 
 def cells_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -145,6 +145,17 @@ class RepeatDecision:
     widest_halfwidth: float | None  # its log-scale halfwidth (inf: fewer than 2 pairs)
     reason: str
     widths: tuple[ComparisonWidth, ...]
+
+    def record(self) -> dict[str, Any]:
+        """The decision as the campaign's run record keeps it."""
+        return {
+            "repeats_done": self.repeats_done,
+            "stop": self.stop,
+            "confidence": self.confidence,
+            "widest": None if self.widest is None else asdict(self.widest),
+            "widest_halfwidth": self.widest_halfwidth,
+            "reason": self.reason,
+        }
 
 
 def log_halfwidth(ratios: list[float], confidence: float) -> tuple[float | None, float]:

@@ -61,7 +61,7 @@ def decision_rule(data: CampaignData) -> DecisionSpec:
 def benefit_rule_text(
     template: str, confidence: float, metric: str, min_effect: float, harm: float, min_success_rate: float
 ) -> str:
-    """A benefit rule in words (this module's RULE, analysis.adaptation's): a gain interval above
+    """A benefit rule in words (this module's RULE): a gain interval above
     1 + min_effect, no other stratum worse by more than `harm`, a minimum success rate."""
     return template.format(
         confidence=percent(confidence),

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from analysis.adaptation import write_adaptation_report
+from analysis.adaptation import cells_frame, confirm, write_adaptation_report
 from blocks import SavedBlocks, resolve_launcher_config
 from flows.ingest import ingest as ingest_flow
 from flows.retry import is_transient
@@ -24,6 +24,7 @@ from tasks.adapt import PlainCaptures
 from tasks.adaptation.deployment import Measurement, plain_captures, run_schedule_on_deployment
 from tasks.adaptation.inputs import Inputs
 from tasks.adaptation.verdict import (
+    cell_rows,
     earlier_confirmation,
     gate_new_head,
     record_confirmation_campaign,
@@ -86,7 +87,17 @@ def gate_task(
 def verdict_task(
     inputs: Inputs, directory: Path, measured: Measurement, gate_facts: dict[str, Any] | None
 ) -> dict[str, Any]:
-    return write_verdict_document(inputs, directory, measured, gate_facts)
+    """The benefit rule per stratum on the cells, paired by repeat (analysis.adaptation.confirm), written as
+    the confirmation's document."""
+    rows, requests = cell_rows(directory, measured.schedule.blocks)
+    verdict = confirm(
+        cells_frame(rows),
+        target_stratum=inputs.target_stratum,
+        gate_passed=None if gate_facts is None else gate_facts.get("passed"),
+        rule=inputs.rule,
+        requests=requests,
+    )
+    return write_verdict_document(inputs, directory, measured, gate_facts, rows, verdict)
 
 
 @task(name="adaptation-report", cache_policy=NO_CACHE)

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
 
 from analysis.run import analyze_campaign
 from analysis.serve import report_url
@@ -56,30 +57,40 @@ def analyze_task(campaign_id: str | None, db: str | None, reports_dir: str | Non
     return summary
 
 
+class AnalysisRequest(BaseModel):
+    """What to analyse: the run form of the `analyze` deployment (each field's description is its help)."""
+
+    campaign_id: str | None = Field(
+        default=None,
+        description='The campaign to analyse (`specgauge sql "SELECT campaign_id FROM campaigns"`). Empty: '
+        "the latest one in the warehouse.",
+    )
+    db: str | None = Field(
+        default=None,
+        description="Another warehouse file (DuckDB) on the worker's machine. Empty: the worker's default.",
+    )
+    reports_dir: str | None = Field(
+        default=None,
+        description="Where report folders go on the worker's machine. Empty: SPECGAUGE_HOME/reports, which "
+        "the report server serves.",
+    )
+
+
 @flow(name="analyze", log_prints=True)
-def analyze(
-    campaign_id: str | None = None, db: str | None = None, reports_dir: str | None = None
-) -> dict[str, Any]:
+def analyze(request: AnalysisRequest | None = None) -> dict[str, Any]:
     """Analyse a campaign already in the warehouse (default: the latest) and write its report.
 
     Returns {"campaign_id", "analysis_id", "report": <index.html>, "tables": [...], "charts", "winners",
-    "notes", ...}.
-
-    Args:
-        campaign_id: The campaign to analyse (`specgauge sql "SELECT campaign_id FROM campaigns"`). Empty:
-            the latest one in the warehouse.
-        db: Another warehouse file (DuckDB) on the worker's machine. Empty: the worker's default.
-        reports_dir: Where report folders go on the worker's machine. Empty: SPECGAUGE_HOME/reports, which
-            the report server serves.
-    """
-    flow_path(db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
-    flow_path(reports_dir, "reports_dir")
+    "notes", ...}."""
+    request = request or AnalysisRequest()
+    flow_path(request.db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
+    flow_path(request.reports_dir, "reports_dir")
     ensure_writer_limit()
-    summary = analyze_task(campaign_id, db, reports_dir)
+    summary = analyze_task(request.campaign_id, request.db, request.reports_dir)
     report = summary["report"]
     key = _artifact_key(summary["campaign_id"])
     winners = summary["winners"]
-    folder = Path(reports_dir) if reports_dir else None
+    folder = Path(request.reports_dir) if request.reports_dir else None
     link = report_url(report, folder)
     served = not link.startswith("file:")
     create_link_artifact(

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from analysis.adaptive import campaign_observations, repeat_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -29,7 +30,7 @@ from experiments.plan import (
     plan_campaign,
     resolve_repo_path,
 )
-from experiments.spec import ExperimentSpec
+from experiments.spec import AdaptiveRepeats, ExperimentSpec
 from flows.analyze import AnalysisRequest
 from flows.analyze import analyze as analyze_flow
 from flows.gate import gate_campaign
@@ -52,7 +53,7 @@ from tasks.load.calibration import calibrate_client, calibrated, fmt_ms, fmt_pai
 from tasks.metrics.engine_config import observe_engine_config
 from tasks.outcome import artifact_key, cell_log_line, failed_cells, report_markdown
 from tasks.relaunch import SlotRun, SlotSteps, capture_greedy, measure_cell, run_slot, search_capacity
-from tasks.slots import run_blocks, slot_corpora
+from tasks.slots import BlockDecision, DecideRepeats, run_blocks, slot_corpora
 from workloads.schema import Corpus
 
 
@@ -353,6 +354,18 @@ def _campaign(
         return _run_planned(experiment, plan, directory, ingest=ingest, gate=gate, analyze=analyze)
 
 
+def repeat_decider(directory: Path, rule: AdaptiveRepeats | None) -> DecideRepeats | None:
+    """The adaptive-repeats rule (analysis.adaptive) on the repeat blocks finished so far, for run_blocks."""
+    if rule is None:
+        return None
+
+    def decide(finished: list[int]) -> BlockDecision:
+        decision = repeat_decision(campaign_observations(directory).restricted_to(finished), rule)
+        return BlockDecision(stop=decision.stop, reason=decision.reason, record=decision.record())
+
+    return decide
+
+
 def _run_planned(
     experiment: ExperimentSpec,
     plan: CampaignPlan,
@@ -374,7 +387,12 @@ def _run_planned(
         )
 
     result["deployments"], decisions = run_blocks(
-        experiment, plan, directory, run_one, saved=SavedBlocks(), log=get_run_logger()
+        experiment,
+        plan,
+        run_one,
+        decide_repeats=repeat_decider(directory, experiment.adaptive_repeats),
+        saved=SavedBlocks(),
+        log=get_run_logger(),
     )
     if experiment.adaptive_repeats is not None:
         result["adaptive_repeats"] = decisions

@@ -20,6 +20,7 @@ from prefect.input import RunInput
 from pydantic import BaseModel, Field
 
 from analysis.verification import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
+from flows.analyze import AnalysisRequest
 from flows.analyze import analyze as analyze_flow
 from flows.campaign import ExperimentFile, campaign, spec_file_of
 from flows.ingest import ingest as ingest_flow
@@ -165,7 +166,7 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
         ]
     decision = decision_task(plan, campaign_id)
     ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
-    analysis = analyze_flow(campaign_id=campaign_id)
+    analysis = analyze_flow(AnalysisRequest(campaign_id=campaign_id))
     report = analysis["report"]
     approval = sign_off(decision, request.sign_off_timeout_s) if request.sign_off and plan.spec else None
     promotion = promote_task(decision, approval, via="prefect-ui")

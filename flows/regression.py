@@ -6,6 +6,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
+from pydantic import BaseModel, Field
 
 from analysis.regression import (
     as_rows,
@@ -25,6 +26,28 @@ from specgauge.settings import get_settings
 from warehouse.db import reader
 
 REGRESSED = "regressed against"  # in the Failed message of a detected regression
+NIGHTLY_SPEC = "experiments/nightly.yaml"
+
+
+class RegressionRequest(BaseModel):
+    """What to check: the run form of the `regression` deployment (each field's description is its help)."""
+
+    spec: str = Field(
+        default=NIGHTLY_SPEC,
+        description="The regression spec (repo-relative or absolute on the worker's machine).",
+    )
+    label: str | None = Field(
+        default=None, description="The new campaign's label. Empty: the UTC time of the run."
+    )
+    tolerance: float = Field(
+        default=0.10,
+        description="How far a guarded figure (speedup, acceptance) may fall below the reference's before it "
+        "counts as a regression, as a fraction (0.10: 10%), beyond its interval.",
+    )
+    reference: str | None = Field(
+        default=None,
+        description="The campaign to compare with. Empty: the spec's stored reference (the first run).",
+    )
 
 
 @flow(name="regression-check")
@@ -89,7 +112,7 @@ def _alert_failed_run(flow, flow_run, state) -> None:
     message = state.message or state.name
     if REGRESSED in message or LOST in message:
         return
-    spec = flow_run.parameters.get("spec", "experiments/nightly.yaml")
+    spec = (flow_run.parameters.get("request") or {}).get("spec") or NIGHTLY_SPEC
     alert(
         REGRESSION_FAILED,
         f"regression-{flow_run.name}",
@@ -108,7 +131,7 @@ def promoted_check(label: str | None = None) -> Any:
     schedule, launched as when it was verified) and end Failed, with an alert, when the schedule no longer
     beats plain at a load where it drafts (its point estimate below 1, or the interval wholly below)."""
     from analysis.verification import verdicts_of
-    from artifacts.decisions import read_decision
+    from artifacts.documents import read_decision
     from tasks.promote import latest_promoted_decision
 
     logger = get_run_logger()
@@ -148,30 +171,22 @@ def promoted_check(label: str | None = None) -> Any:
 
 
 @flow(name="regression", on_failure=[_alert_failed_run], on_crashed=[_alert_failed_run])
-def regression(
-    spec: str = "experiments/nightly.yaml",
-    label: str | None = None,
-    tolerance: float = 0.10,
-    reference: str | None = None,
-) -> Any:
-    """Run `spec` as a new campaign (labelled with the UTC time) and check it against the reference run; then
-    re-verify the promoted speculation config, if one was signed off (`promoted-check`).
-
-    Args:
-        spec: The regression spec (repo-relative or absolute on the worker's machine).
-        label: The new campaign's label. Empty: the UTC time of the run.
-        tolerance: How far a guarded figure (speedup, acceptance) may fall below the reference's before
-            it counts as a regression, as a fraction (0.10: 10%), beyond its interval.
-        reference: The campaign to compare with. Empty: the spec's stored reference (the first run).
-    """
+def regression(request: RegressionRequest | None = None) -> Any:
+    """Run the request's spec as a new campaign (labelled with the UTC time) and check it against the
+    reference run; then re-verify the promoted speculation config, if one was signed off (`promoted-check`)."""
     # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
     from experiments.loader import flow_spec_path
 
-    experiment = load_spec(resolve_repo_path(flow_spec_path(spec)))
-    stamp = label or utc_stamp()
-    result = campaign(spec_path=spec, label=stamp, gate=False)
+    request = request or RegressionRequest()
+    experiment = load_spec(resolve_repo_path(flow_spec_path(request.spec)))
+    stamp = request.label or utc_stamp()
+    result = campaign(spec_path=request.spec, label=stamp, gate=False)
     check = regression_check(
-        result["campaign_id"], experiment.name, reference=reference, tolerance=tolerance, return_state=True
+        result["campaign_id"],
+        experiment.name,
+        reference=request.reference,
+        tolerance=request.tolerance,
+        return_state=True,
     )
     promoted = promoted_check(label=stamp, return_state=True)
     return check if check.is_failed() else promoted

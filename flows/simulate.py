@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
 
 from analysis.simulate.campaign import simulate_campaign
 from flows.ingest import ensure_writer_limit, only_lock_contention, writer_slot
@@ -54,39 +55,57 @@ def simulate_task(
     return result.as_dict()
 
 
+class SimulationRequest(BaseModel):
+    """What to simulate: the run form of the `simulate` deployment (each field's description is its help)."""
+
+    campaign_id: str = Field(
+        description="The campaign whose greedy captures to replay (it must be in the warehouse)."
+    )
+    shapes: str | None = Field(
+        default=None,
+        description="Shapes to project beside the served chains, comma-separated: chain:k=5, "
+        "tree:b=2:budget=8, graft:b=2:budget=8:k=3@eagle3+ngram, union:k=3@draft+eagle3 (docs/simulate.md).",
+    )
+    db: str | None = Field(
+        default=None,
+        description="Another warehouse file on the worker's machine. Empty: the worker's default.",
+    )
+    reports_dir: str | None = Field(
+        default=None, description="Where report folders go. Empty: SPECGAUGE_HOME/reports."
+    )
+    proposers: list[str] | None = Field(
+        default=None,
+        description="Proposers for shapes without `@` (ngram, suffix, draft, eagle3). Empty: those served.",
+    )
+    tail: int = Field(
+        default=8,
+        ge=0,
+        le=4096,  # tokens generated offline per output: a bound on the run's time and memory
+        description="Tokens of the target's continuation past each output, for the last step's drafts.",
+    )
+    dtype: str = Field(
+        default="bfloat16", description="The models' dtype offline (bfloat16, as the engine serves them)."
+    )
+    report: bool = Field(
+        default=True, description="Re-render the campaign's report with its offline section afterwards."
+    )
+
+
 @flow(name="simulate", log_prints=True)
-def simulate(
-    campaign_id: str,
-    shapes: str | None = None,
-    db: str | None = None,
-    reports_dir: str | None = None,
-    proposers: list[str] | None = None,
-    tail: int = 8,
-    dtype: str = "bfloat16",
-    report: bool = True,
-) -> dict[str, Any]:
+def simulate(request: SimulationRequest) -> dict[str, Any]:
     """Simulate a campaign that is in the warehouse, store its tree_sim rows and (with `report`) re-render
-    its report. Returns the simulation's summary, with "report" when it was rendered.
-
-    Args:
-        campaign_id: The campaign whose greedy captures to replay (it must be in the warehouse).
-        shapes: Shapes to project beside the served chains, comma-separated: chain:k=5,
-            tree:b=2:budget=8, graft:b=2:budget=8:k=3@eagle3+ngram, union:k=3@draft+eagle3 (docs/simulate.md).
-        db: Another warehouse file on the worker's machine. Empty: the worker's default.
-        reports_dir: Where report folders go. Empty: SPECGAUGE_HOME/reports.
-        proposers: Proposers for shapes without `@` (ngram, suffix, draft, eagle3). Empty: those served.
-        tail: Tokens of the target's continuation past each output, for the last step's drafts.
-        dtype: The models' dtype offline (bfloat16, as the engine serves them).
-        report: Re-render the campaign's report with its offline section afterwards.
-    """
-    flow_path(db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
-    flow_path(reports_dir, "reports_dir")
+    its report. Returns the simulation's summary, with "report" when it was rendered."""
+    flow_path(request.db, "db")  # from a deployment: only under SPECGAUGE_HOME (specgauge.flow_paths)
+    flow_path(request.reports_dir, "reports_dir")
     ensure_writer_limit()
-    summary = simulate_task(campaign_id, shapes, db, proposers, tail, dtype)
-    if report:
-        from flows.analyze import analyze
+    summary = simulate_task(
+        request.campaign_id, request.shapes, request.db, request.proposers, request.tail, request.dtype
+    )
+    if request.report:
+        from flows.analyze import AnalysisRequest, analyze
 
-        summary["report"] = analyze(campaign_id=summary["campaign_id"], db=db, reports_dir=reports_dir)[
-            "report"
-        ]
+        analysis = AnalysisRequest(
+            campaign_id=summary["campaign_id"], db=request.db, reports_dir=request.reports_dir
+        )
+        summary["report"] = analyze(analysis)["report"]
     return summary

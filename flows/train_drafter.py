@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
 
 from flows.retry import is_transient
 from tasks.drafters.training import Hyperparameters, TrainedDrafter
@@ -97,71 +98,97 @@ def ingest_task(path: str, db: str | None) -> str:
     return ingest_drafter(Path(path), db)
 
 
-@flow(name="train-drafter", log_prints=True)
-def train_drafter_flow(
-    target: str = "models/tiny-target",
-    parent: str | None = "models/tiny-eagle3",
-    captures: list[str] | None = None,
-    jsonl: list[str] | None = None,
-    aux_layers: list[int] | None = None,
-    steps: int = 200,
-    lr: float = 3e-4,
-    batch_tokens: int = 32_768,
-    eval_every: int = 25,
-    held_out_share: float = 0.1,
-    seed: int = 0,
-    device: str = "cpu",
-    cluster: str | None = None,
-    cluster_python: str = "python3",
-    ingest: bool = True,
-    db: str | None = None,
-) -> dict[str, Any]:
-    """Train or fine-tune an EAGLE-3 head on served traffic; write it as a drafter artifact and its row.
+HYPERPARAMETERS = ("steps", "lr", "batch_tokens", "eval_every", "held_out_share", "seed")
+"""The request's fields that are the trainer's settings (Hyperparameters' names)."""
 
-    Args:
-        target: The target model folder (its weights give the hidden states offline).
-        parent: The head to fine-tune. Empty: train a new head (then give aux_layers).
-        captures: Greedy captures to learn from: capture folders (RAW/<campaign>/captures/<id>) or
-            campaigns (their folder or id: every capture in them).
-        jsonl: JSONL files of prompts and the target's outputs (models/README.md "Training data").
-        aux_layers: The new head's aux layer ids (vLLM numbering). Empty: the parent's.
-        steps: Training steps.
-        lr: Peak learning rate (warm-up, then cosine).
-        batch_tokens: Padded tokens per batch.
-        eval_every: Held-out check every N steps; the best checked step is kept.
-        held_out_share: Share of examples held out of training for that check (by id hash).
-        seed: Seed of batch order and initialisation.
-        device: Where the torch worker trains: cpu, or cuda where the worker's machine has a GPU.
-        cluster: A saved SlurmClusterBlock: run the worker's ops (hidden states, training) as batch jobs
-            there instead of locally (paths on a filesystem the nodes see). Empty: locally.
-        cluster_python: The Python with torch, transformers and safetensors on the cluster's nodes.
-        ingest: Write the drafter's row into the warehouse afterwards.
-        db: Another warehouse file. Empty: the default.
-    """
+
+class TrainRequest(BaseModel):
+    """What to train: the run form of the `train-drafter` deployment (each field's description is its help).
+    The ranges are `specgauge drafters train`'s; the trainer refuses the rest (Hyperparameters)."""
+
+    target: str = Field(
+        default="models/tiny-target",
+        description="The target model folder (its weights give the hidden states offline).",
+    )
+    parent: str | None = Field(
+        default="models/tiny-eagle3",
+        description="The head to fine-tune. Empty: train a new head (then give aux_layers).",
+    )
+    captures: list[str] | None = Field(
+        default=None,
+        description="Greedy captures to learn from: capture folders (RAW/<campaign>/captures/<id>) or "
+        "campaigns (their folder or id: every capture in them).",
+    )
+    jsonl: list[str] | None = Field(
+        default=None,
+        description='JSONL files of prompts and the target\'s outputs (models/README.md "Training data").',
+    )
+    aux_layers: list[int] | None = Field(
+        default=None, description="The new head's aux layer ids (vLLM numbering). Empty: the parent's."
+    )
+    steps: int = Field(default=200, ge=1, le=10_000_000, description="Training steps.")
+    lr: float = Field(default=3e-4, ge=0.0, le=1.0, description="Peak learning rate (warm-up, then cosine).")
+    batch_tokens: int = Field(default=32_768, ge=1, le=1 << 24, description="Padded tokens per batch.")
+    eval_every: int = Field(
+        default=25, ge=1, description="Held-out check every N steps; the best checked step is kept."
+    )
+    held_out_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Share of examples held out of training for that check (by id hash).",
+    )
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of batch order and initialisation.")
+    device: str = Field(
+        default="cpu",
+        description="Where the torch worker trains: cpu, or cuda where the worker's machine has a GPU.",
+    )
+    cluster: str | None = Field(
+        default=None,
+        description="A saved SlurmClusterBlock: run the worker's ops (hidden states, training) as batch jobs "
+        "there instead of locally (paths on a filesystem the nodes see). Empty: locally.",
+    )
+    cluster_python: str = Field(
+        default="python3",
+        description="The Python with torch, transformers and safetensors on the cluster's nodes.",
+    )
+    ingest: bool = Field(default=True, description="Write the drafter's row into the warehouse afterwards.")
+    db: str | None = Field(default=None, description="Another warehouse file. Empty: the default.")
+
+    def hyperparameters(self) -> Hyperparameters:
+        """The trainer's settings; refuses what it cannot train with (InputError)."""
+        return Hyperparameters(**self.model_dump(include=set(HYPERPARAMETERS)))
+
+
+@flow(name="train-drafter", log_prints=True)
+def train_drafter_flow(request: TrainRequest | None = None) -> dict[str, Any]:
+    """Train or fine-tune an EAGLE-3 head on served traffic; write it as a drafter artifact and its row."""
     from specgauge.flow_paths import flow_path, flow_paths, input_roots
     from tasks.drafters.training_data import source_files
 
+    request = request or TrainRequest()
     # From a deployment: inputs only under the repo, SPECGAUGE_HOME or SPECGAUGE_SPEC_DIRS; the warehouse
     # only under SPECGAUGE_HOME (specgauge.flow_paths).
-    for name, value in (("target", target), ("parent", parent)):
+    for name, value in (("target", request.target), ("parent", request.parent)):
         flow_path(value, name, input_roots())
-    flow_paths(captures, "captures", input_roots())
-    flow_paths(jsonl, "jsonl", input_roots())
-    flow_path(db, "db")
-    hp = Hyperparameters(
-        steps=steps,
-        lr=lr,
-        batch_tokens=batch_tokens,
-        eval_every=eval_every,
-        held_out_share=held_out_share,
-        seed=seed,
-    )
-    captures, jsonl = list(captures or []), list(jsonl or [])
+    flow_paths(request.captures, "captures", input_roots())
+    flow_paths(request.jsonl, "jsonl", input_roots())
+    flow_path(request.db, "db")
+    hp = request.hyperparameters()
+    captures, jsonl = list(request.captures or []), list(request.jsonl or [])
     files = source_files(captures=captures, jsonl=jsonl)
-    examples = training_data_task(captures, jsonl, target)
-    command = _command(target, parent, captures, jsonl, aux_layers, hp, device)
+    examples = training_data_task(captures, jsonl, request.target)
     trained = train_task(
-        examples, target, parent, aux_layers, hp, device, files, command, cluster, cluster_python
+        examples,
+        request.target,
+        request.parent,
+        request.aux_layers,
+        hp,
+        request.device,
+        files,
+        _command(request, hp),
+        request.cluster,
+        request.cluster_python,
     )
     result: dict[str, Any] = {
         "drafter_id": trained.card.drafter_id,
@@ -170,32 +197,24 @@ def train_drafter_flow(
         "reused": trained.reused,
         "card": trained.card.as_written(),
     }
-    if ingest:
-        result["ingest"] = ingest_task(str(trained.path), db)
+    if request.ingest:
+        result["ingest"] = ingest_task(str(trained.path), request.db)
     return result
 
 
-def _command(
-    target: str,
-    parent: str | None,
-    captures: list[str],
-    jsonl: list[str],
-    aux_layers: list[int] | None,
-    hp: Hyperparameters,
-    device: str,
-) -> str:
+def _command(request: TrainRequest, hp: Hyperparameters) -> str:
     """The CLI line that re-runs this training (recorded on the card)."""
     import shlex
 
-    argv = ["specgauge", "drafters", "train", "--target", target]
-    argv += ["--parent", parent] if parent else ["--scratch"]
-    for c in captures:
+    argv = ["specgauge", "drafters", "train", "--target", request.target]
+    argv += ["--parent", request.parent] if request.parent else ["--scratch"]
+    for c in request.captures or []:
         argv += ["--captures", c]
-    for j in jsonl:
+    for j in request.jsonl or []:
         argv += ["--jsonl", j]
-    if aux_layers:
-        argv += ["--aux-layers", ",".join(map(str, aux_layers))]
+    if request.aux_layers:
+        argv += ["--aux-layers", ",".join(map(str, request.aux_layers))]
     argv += ["--steps", str(hp.steps), "--lr", str(hp.lr), "--batch-tokens", str(hp.batch_tokens)]
     argv += ["--eval-every", str(hp.eval_every), "--held-out-share", str(hp.held_out_share)]
-    argv += ["--seed", str(hp.seed), "--device", device]
+    argv += ["--seed", str(hp.seed), "--device", request.device]
     return shlex.join(argv)

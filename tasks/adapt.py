@@ -23,10 +23,10 @@ from artifacts import layout
 from artifacts.documents import AdaptationDocument, CampaignRecord
 from artifacts.store import read_json, write_json_atomic
 from experiments.spec import ExperimentSpec, Variant
+from specgauge.checkpoints import drafter_digest
 from specgauge.errors import InputError
 from specgauge.provenance import host_facts, tool_facts, utc_now
 from specgauge.settings import get_settings
-from specgauge.checkpoints import drafter_digest
 
 Head = Literal["old", "new"]
 HEADS: tuple[Head, Head] = ("old", "new")

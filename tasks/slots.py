@@ -10,13 +10,11 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from analysis.adaptive import RepeatDecision, campaign_observations, repeat_decision
 from experiments.plan import CampaignPlan, DeploymentPlan
-from experiments.spec import AdaptiveRepeats, ExperimentSpec
+from experiments.spec import ExperimentSpec
 from tasks.launch import reap_leftovers
 from tasks.launch.config import SavedSettings
 from tasks.outcome import SKIPPED, SlotOutcome
@@ -24,6 +22,21 @@ from workloads.schema import Corpus
 
 # Runs one slot, pinned to a node (None: the scheduler's choice); returns its SlotOutcome as a dict.
 RunSlot = Callable[[DeploymentPlan, str | None], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BlockDecision:
+    """The adaptive-repeats rule's answer after a finished block: stop launching arm blocks or not, why, and
+    the decision as the campaign's run record keeps it."""
+
+    stop: bool
+    reason: str
+    record: dict[str, Any]
+
+
+# The adaptive rule on the repeat blocks finished so far (their repeat numbers): the campaign flow passes it
+# (analysis.adaptive judges), so this module measures and never analyses.
+DecideRepeats = Callable[[list[int]], BlockDecision]
 
 
 def run_block(
@@ -46,26 +59,20 @@ def run_block(
     return outcomes
 
 
-def repeat_decision_now(directory: Path, rule: AdaptiveRepeats, finished: list[int]) -> RepeatDecision:
-    """The adaptive rule on the repeat blocks finished so far (cells of blocks still in flight left out)."""
-    return repeat_decision(campaign_observations(directory).restricted_to(finished), rule)
-
-
 def run_blocks(
     spec: ExperimentSpec,
     plan: CampaignPlan,
-    directory: Path,
     run_slot: RunSlot,
     *,
+    decide_repeats: DecideRepeats | None,
     saved: SavedSettings,
     log: logging.Logger | logging.LoggerAdapter,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every repeat block, then the gate's controls, with up to `parallel_deployments` blocks in flight at
-    once (each a thread running deployment subflows). With adaptive repeats, after each finished block the
-    rule decides whether to launch more: once it stops, the blocks not yet launched are recorded as not run
+    once (each a thread running deployment subflows). With adaptive repeats (`decide_repeats`), after each
+    finished block the rule decides whether to launch more: once it stops, the blocks not yet launched are recorded as not run
     (blocks already in flight finish). Returns the slot outcomes in plan order and the rule's decisions.
     `saved` reads the launcher settings the engines of a failed campaign are stopped with."""
-    rule = spec.adaptive_repeats
     blocks = plan.blocks()
     queue = list(range(len(blocks)))
     outcomes: dict[int, list[dict[str, Any]]] = {}
@@ -91,10 +98,10 @@ def run_blocks(
                     outcomes[index] = future.result()
                     if blocks[index][0].role == "arm":
                         finished.append(blocks[index][0].repeat)
-                if rule is None or not any(blocks[i][0].role == "arm" for i in queue):
+                if decide_repeats is None or not any(blocks[i][0].role == "arm" for i in queue):
                     continue
-                decision = repeat_decision_now(directory, rule, finished)
-                decisions.append(decision_record(decision))
+                decision = decide_repeats(finished)
+                decisions.append(decision.record)
                 log.info("adaptive repeats: %s", decision.reason)
                 if decision.stop:
                     for index in [i for i in queue if blocks[i][0].role == "arm"]:
@@ -129,17 +136,6 @@ def skipped(slot: DeploymentPlan, why: str) -> dict[str, Any]:
     outcome = SlotOutcome(slot=slot.deployment_id)
     outcome.cells.update({c.cell_id: f"{SKIPPED} ({why})" for c in slot.cells})
     return outcome.as_dict()
-
-
-def decision_record(decision: RepeatDecision) -> dict[str, Any]:
-    return {
-        "repeats_done": decision.repeats_done,
-        "stop": decision.stop,
-        "confidence": decision.confidence,
-        "widest": None if decision.widest is None else asdict(decision.widest),
-        "widest_halfwidth": decision.widest_halfwidth,
-        "reason": decision.reason,
-    }
 
 
 def slot_corpora(spec: ExperimentSpec, plan: CampaignPlan, slot: DeploymentPlan) -> dict[str, Corpus]:

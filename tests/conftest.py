@@ -18,6 +18,14 @@ import pytest
 
 # The emulator (a child process per session, reset for each test): fixtures `emulator`, `emulator_session`.
 from emulator_fixture import emulator, emulator_session  # noqa: F401
+from prefect.logging.configuration import setup_logging
+
+import flows  # noqa: F401  (Prefect's settings and logging file first: flows/__init__.py)
+
+# Prefect's logging set up now, on the session's stderr: set up lazily inside a CLI test (typer's CliRunner
+# swaps stderr), its console handler would keep that test's stream, closed afterwards, and every later flow's
+# log line in this process would fail with "I/O operation on closed file".
+setup_logging()
 
 # Helper modules are not test modules: ask pytest to rewrite their asserts too (before test modules import them).
 pytest.register_assert_rewrite("reliability_support", "warehouse_fixtures", "analysis_fixtures")

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from analysis.adaptation import (
-    Rule,
+    METRICS,
     adopt_strata,
     cells_frame,
     compare_heads,
@@ -25,6 +25,7 @@ from analysis.adaptation import (
 from analysis.stats import ratio_interval
 from artifacts import ids, layout
 from artifacts.store import write_json_atomic
+from experiments.adaptation import GAIN_METRICS, Rule
 from experiments.spec import parse_spec
 from specgauge.errors import InputError
 from tasks import adapt
@@ -300,6 +301,11 @@ def test_the_gain_metric_can_be_acceptance() -> None:
     ]
     with pytest.raises(ValueError, match="gain_metric"):
         Rule(gain_metric="speed")
+
+
+def test_every_gain_metric_the_rule_accepts_has_a_cell_column_to_judge() -> None:
+    # the rule (experiments/adaptation.py) checks names; analysis.adaptation maps each to its cell column
+    assert tuple(METRICS) == GAIN_METRICS
 
 
 # --- acceptance over prompts (per-request acceptance) -------------------------------------------------------------

@@ -53,7 +53,7 @@ def report_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
 def test_analyze_flow_returns_the_report_and_links_it(
     prefect_api: None, report_server: str, tmp_path: Path
 ) -> None:
-    from flows.analyze import analyze
+    from flows.analyze import AnalysisRequest, analyze
 
     def plant(variant, repeat, workload, load):
         fast = {"plain": 1.0, "ngram-k3": 1.3, "draft-k3": 1.5}[variant]
@@ -64,7 +64,8 @@ def test_analyze_flow_returns_the_report_and_links_it(
     builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("flow", repeats=3), plant=plant)
     db = builder.build(tmp_path / "w.duckdb")
 
-    result = analyze(db=str(db), reports_dir=str(tmp_path / "reports"))  # None: the latest campaign
+    # no campaign_id: the latest campaign
+    result = analyze(AnalysisRequest(db=str(db), reports_dir=str(tmp_path / "reports")))
 
     assert result["campaign_id"] == builder.campaign_id
     report = Path(result["report"])
@@ -149,7 +150,7 @@ def test_an_invalid_campaign_raises_the_alert_event(
     flow emits the event the alerts' automation sends to a person (tests/test_prefect_server.py checks
     the automation delivers such events to a webhook)."""
     import flows.alerts
-    from flows.analyze import analyze
+    from flows.analyze import AnalysisRequest, analyze
 
     emitted: list[dict] = []
     monkeypatch.setattr(flows.alerts, "emit_event", lambda **event: emitted.append(event))
@@ -160,7 +161,7 @@ def test_an_invalid_campaign_raises_the_alert_event(
 
     builder = PlantedBuilder(tmp_path / "raw", spec=make_spec("shaky", repeats=3), plant=plant)
     db = builder.build(tmp_path / "w.duckdb")
-    result = analyze(db=str(db), reports_dir=str(tmp_path / "reports"))
+    result = analyze(AnalysisRequest(db=str(db), reports_dir=str(tmp_path / "reports")))
 
     assert result["valid"] is False and "spread" in result["invalid_reasons"]
     assert [e["event"] for e in emitted] == ["specgauge.campaign.invalid"]

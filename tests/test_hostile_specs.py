@@ -268,10 +268,10 @@ def test_a_flow_from_a_deployment_reads_and_writes_only_under_its_folders(
     """The other path parameters of the deployed flows: warehouse files, raw trees and report folders only
     under SPECGAUGE_HOME; training inputs and heads only under the repo, HOME or SPECGAUGE_SPEC_DIRS."""
     from flows.adapt import confirm_adaptation
-    from flows.analyze import analyze
+    from flows.analyze import AnalysisRequest, analyze
     from flows.ingest import ingest
-    from flows.simulate import simulate
-    from flows.train_drafter import train_drafter_flow
+    from flows.simulate import SimulationRequest, simulate
+    from flows.train_drafter import TrainRequest, train_drafter_flow
     from specgauge.errors import InputError
 
     home = tmp_path / "home"
@@ -279,11 +279,11 @@ def test_a_flow_from_a_deployment_reads_and_writes_only_under_its_folders(
     get_settings.cache_clear()
     outside = tmp_path / "outside"
     calls = {
-        "analyze reports_dir": lambda: analyze.fn(reports_dir=str(outside)),
-        "analyze db": lambda: analyze.fn(db="/etc/passwd"),
+        "analyze reports_dir": lambda: analyze.fn(AnalysisRequest(reports_dir=str(outside))),
+        "analyze db": lambda: analyze.fn(AnalysisRequest(db="/etc/passwd")),
         "ingest raw_dir": lambda: ingest.fn(raw_dir=str(outside)),
-        "simulate db": lambda: simulate.fn(campaign_id="c", db=str(outside / "w.duckdb")),
-        "train jsonl": lambda: train_drafter_flow.fn(jsonl=["/etc/passwd"]),
+        "simulate db": lambda: simulate.fn(SimulationRequest(campaign_id="c", db=str(outside / "w.duckdb"))),
+        "train jsonl": lambda: train_drafter_flow.fn(TrainRequest(jsonl=["/etc/passwd"])),
         "adapt new_head": lambda: confirm_adaptation.fn(
             spec_path="experiments/adapt.yaml", new_head="/etc", target_stratum="code"
         ),

@@ -16,11 +16,11 @@ import pytest
 
 from artifacts import layout
 from artifacts.documents import OUTPUT_SCHEMA
+from specgauge.checkpoints import drafter_digest
 from specgauge.errors import InputError, WorkloadError
 from specgauge.settings import REPO_ROOT
 from tasks.capture import write_capture_artifact
 from tasks.drafters.contract import check_eagle3_head
-from specgauge.checkpoints import drafter_digest
 from tasks.drafters.training import Hyperparameters, inputs_digest
 from tasks.drafters.training_data import held_out_by_id, read_jsonl
 
@@ -116,7 +116,7 @@ def test_held_out_examples_are_chosen_by_id_alone() -> None:
 def test_the_train_drafter_flow_writes_the_head_card_curve_and_row_and_resumes(
     prefect_harness: None, home: Path, tmp_path: Path
 ) -> None:
-    from flows.train_drafter import train_drafter_flow
+    from flows.train_drafter import TrainRequest, train_drafter_flow
     from specgauge.settings import get_settings
 
     raw = get_settings().raw_dir
@@ -132,7 +132,7 @@ def test_the_train_drafter_flow_writes_the_head_card_curve_and_row_and_resumes(
         "eval_every": 2,
         "held_out_share": 0.3,
     }
-    first = train_drafter_flow(**kwargs)
+    first = train_drafter_flow(TrainRequest(**kwargs))
     path = Path(first["path"])
     assert not first["reused"] and path.parent == layout.drafters_dir(raw)
     assert {p.name for p in path.iterdir()} >= {
@@ -188,7 +188,7 @@ def test_the_train_drafter_flow_writes_the_head_card_curve_and_row_and_resumes(
 
     # resume: the same inputs find the finished artifact; nothing is trained or written again
     mtime = (path / "card.json").stat().st_mtime_ns
-    second = train_drafter_flow(**kwargs)
+    second = train_drafter_flow(TrainRequest(**kwargs))
     assert second["reused"] and second["drafter_id"] == first["drafter_id"]
     assert (path / "card.json").stat().st_mtime_ns == mtime
     assert second["ingest"] == "skipped"

@@ -254,7 +254,7 @@ def test_the_simulate_flow_stores_tree_sim_and_the_report_shows_it(
 
     from analysis.run import analyze_campaign
     from analysis.simulate import models
-    from flows.simulate import simulate
+    from flows.simulate import SimulationRequest, simulate
 
     variants = [
         {"name": "plain", "method": "none"},
@@ -283,11 +283,13 @@ def test_the_simulate_flow_stores_tree_sim_and_the_report_shows_it(
     write_captures(builder.campaign_dir, served)
     monkeypatch.setattr(models, "tokenize", fake_tokenize)
     summary = simulate(
-        campaign_id=str(builder.campaign_dir),
-        shapes="chain:k=5@ngram,tree:b=2:budget=6@suffix,graft:b=2:budget=6:k=3@suffix+ngram",
-        db=str(db),
-        reports_dir=str(reports),
-        tail=0,
+        SimulationRequest(
+            campaign_id=str(builder.campaign_dir),
+            shapes="chain:k=5@ngram,tree:b=2:budget=6@suffix,graft:b=2:budget=6:k=3@suffix+ngram",
+            db=str(db),
+            reports_dir=str(reports),
+            tail=0,
+        )
     )
     assert summary["campaign_id"] == builder.campaign_id and summary["validated"] == 1
     with reader(db) as con:
@@ -315,11 +317,13 @@ def test_the_simulate_flow_stores_tree_sim_and_the_report_shows_it(
 
     # Re-running the same settings replaces the simulation: no duplicate rows.
     simulate(
-        campaign_id=str(builder.campaign_dir),
-        shapes="chain:k=5@ngram,tree:b=2:budget=6@suffix,graft:b=2:budget=6:k=3@suffix+ngram",
-        db=str(db),
-        tail=0,
-        report=False,
+        SimulationRequest(
+            campaign_id=str(builder.campaign_dir),
+            shapes="chain:k=5@ngram,tree:b=2:budget=6@suffix,graft:b=2:budget=6:k=3@suffix+ngram",
+            db=str(db),
+            tail=0,
+            report=False,
+        )
     )
     with reader(db) as con:
         assert con.execute("SELECT count(*) FROM tree_sim").fetchone() == (16,)

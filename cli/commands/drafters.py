@@ -76,8 +76,8 @@ def confirm(
         str | None, typer.Option("--label", help="A new confirmation instead of resuming.")
     ] = None,
 ) -> None:
-    from analysis.adaptation import Rule
     from cli.commands.campaign import _listed
+    from experiments.adaptation import Rule
     from flows.adapt import Inputs
     from specgauge.errors import InputError
 

@@ -73,23 +73,13 @@ def train(
 ) -> None:
     from cli.commands.campaign import _listed
     from specgauge.errors import InputError
-    from tasks.drafters.training import Hyperparameters
 
     layers = _listed(aux_layers, "--aux-layers", int)
     if scratch and not layers:
         raise InputError("--scratch: a new head needs --aux-layers (e.g. 1,3,5)")
-    Hyperparameters(steps=steps, lr=lr, batch_tokens=batch_tokens, eval_every=eval_every)  # refused early
-    if not captures and not jsonl:
-        raise InputError("no training data: give --captures and/or --jsonl")
-    from tasks.drafters.training_data import capture_dirs_of, parse_jsonl
+    from flows.train_drafter import TrainRequest, train_drafter_flow
 
-    for path in jsonl or []:  # bad lines and missing sources are refused before Prefect starts
-        parse_jsonl(Path(path))
-    for source in captures or []:
-        capture_dirs_of(source)
-    from flows.train_drafter import train_drafter_flow
-
-    result = train_drafter_flow(
+    request = TrainRequest(
         target=target,
         parent=None if scratch else parent,
         captures=captures,
@@ -106,6 +96,16 @@ def train(
         cluster_python=cluster_python,
         ingest=ingest,
     )
+    request.hyperparameters()  # refused early
+    if not captures and not jsonl:
+        raise InputError("no training data: give --captures and/or --jsonl")
+    from tasks.drafters.training_data import capture_dirs_of, parse_jsonl
+
+    for path in jsonl or []:  # bad lines and missing sources are refused before Prefect starts
+        parse_jsonl(Path(path))
+    for source in captures or []:
+        capture_dirs_of(source)
+    result = train_drafter_flow(request)
     card = result["card"]
     losses = card["losses"]
     data = card["data"]

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from analysis.adaptation import Rule
 from artifacts import ids, layout
+from experiments.adaptation import Rule
 from experiments.plan import CellPlan, resolve_repo_path
 from experiments.spec import ExperimentSpec, LoadSpec, Variant, load_spec
 from specgauge.errors import InputError

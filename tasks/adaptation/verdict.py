@@ -1,13 +1,12 @@
 """A confirmation's records and verdict: campaign.json, an earlier run's document, the gate on the new head's
-capture, the analysis rows of its cells, and the verdict document (analysis.adaptation decides) written as
-RAW/<campaign>/adaptations/<id>.json."""
+capture, the analysis rows of its cells, and the verdict document written as RAW/<campaign>/adaptations/<id>.json
+(analysis.adaptation.confirm decides; the flow passes its verdict in)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from analysis.adaptation import cells_frame, confirm
 from artifacts import layout
 from artifacts.store import read_json
 from specgauge.errors import InputError
@@ -151,19 +150,16 @@ def hash_notes(rows: list[dict[str, Any]], heads: dict[str, HeadRef]) -> list[st
 
 
 def write_verdict_document(
-    inputs: Inputs, directory: Path, measured: Measurement, gate_facts: dict[str, Any] | None
+    inputs: Inputs,
+    directory: Path,
+    measured: Measurement,
+    gate_facts: dict[str, Any] | None,
+    rows: list[dict[str, Any]],
+    verdict: dict[str, Any],
 ) -> dict[str, Any]:
-    """The benefit rule per stratum on the cells, paired by repeat (analysis.adaptation.confirm), and the
-    confirmation's document, written once; returned with its path."""
+    """The confirmation's document with the benefit rule's `verdict` on its cell `rows` (cell_rows), written
+    once; returned with its path."""
     result = measured.schedule
-    rows, requests = cell_rows(directory, result.blocks)
-    verdict = confirm(
-        cells_frame(rows),
-        target_stratum=inputs.target_stratum,
-        gate_passed=None if gate_facts is None else gate_facts.get("passed"),
-        rule=inputs.rule,
-        requests=requests,
-    )
     document = {
         "adaptation_id": inputs.adaptation_id,
         "campaign_id": inputs.campaign_id,
