@@ -23,7 +23,7 @@ import polars as pl
 
 from analysis import charts as ch
 from analysis.acceptance import acceptance_fits, acceptance_intervals, per_position
-from analysis.adaptive import report_confidence
+from analysis.adaptive_repeats import report_confidence
 from analysis.breakeven import break_even_table
 from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table

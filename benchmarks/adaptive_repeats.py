@@ -1,6 +1,6 @@
 """Does the adaptive-repeats rule keep its intervals honest, and how many launches does it save? (issue 21)
 
-Simulates campaigns that launch repeat blocks one at a time and apply analysis.adaptive's rule after each
+Simulates campaigns that launch repeat blocks one at a time and apply analysis.adaptive_repeats's rule after each
 (`stopping_repeats`, the vectorised form of `repeat_decision`; tests/test_adaptive_repeats.py checks the two
 agree). Each repeat gives every comparison a paired log-speedup log(planted) + noise, where the noise is the
 run-to-run spread of a repeat's log-ratio (sigma), measured on this repository's campaigns with
@@ -19,7 +19,7 @@ variants of a repeat, as in v_speedup). Coverage is over every interval the camp
 planted speedup. Two rules at the same min and max:
 
 - naive: stop once every 95% t interval is within the target, report those 95% intervals;
-- rule: analysis.adaptive (stop on, and report, t intervals at interval_confidence, 97.5%).
+- rule: analysis.adaptive_repeats (stop on, and report, t intervals at interval_confidence, 97.5%).
 
 `fixed n` is the smallest fixed number of repeats whose plain 95% intervals (no looks, no correction) are all
 within the target in at least as many campaigns as the rule's (`reached`; not compared when the rule reaches
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.adaptive import (
+from analysis.adaptive_repeats import (
     ALPHA_SHARE,
     AdaptiveRepeats,
     campaign_observations,

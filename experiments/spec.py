@@ -453,7 +453,7 @@ class AdaptiveRepeats(Strict):
     """`repeats: {min, max, target_halfwidth}`: launch at least `min` and at most `max` repeat blocks; after
     each block, stop once every interval the decision needs (each speculative variant against plain, per
     stratum and load) is within `target_halfwidth` on the log scale (0.05: about 5% either side of the
-    speedup). The rule and its validation by simulation: docs/analysis.md, analysis/adaptive.py."""
+    speedup). The rule and its validation by simulation: docs/analysis.md, analysis/adaptive_repeats.py."""
 
     min: int = _number(
         3,

@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from analysis.adaptive import campaign_observations, repeat_decision
+from analysis.adaptive_repeats import campaign_observations, repeat_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -355,7 +355,7 @@ def _campaign(
 
 
 def repeat_decider(directory: Path, rule: AdaptiveRepeats | None) -> DecideRepeats | None:
-    """The adaptive-repeats rule (analysis.adaptive) on the repeat blocks finished so far, for run_blocks."""
+    """The adaptive-repeats rule (analysis.adaptive_repeats) on the repeat blocks finished so far, for run_blocks."""
     if rule is None:
         return None
 

@@ -3,7 +3,7 @@ the replay against the served counters, project each shape's cost from the campa
 store the tree_sim tables, then re-render the campaign's report with its "Trees and drafter combinations
 (offline)" section.
 
-Thin: analysis.simulate.campaign.simulate_campaign does the work; this flow adds the writer's global
+Thin: analysis.simulate.whole_campaign.simulate_campaign does the work; this flow adds the writer's global
 concurrency limit, a retry on lock contention, and the analyze flow for the report.
 """
 
@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from analysis.simulate.campaign import simulate_campaign
+from analysis.simulate.whole_campaign import simulate_campaign
 from flows.ingest import ensure_writer_limit, only_lock_contention, writer_slot
 from specgauge.flow_paths import flow_path
 

@@ -35,7 +35,7 @@ class BlockDecision:
 
 
 # The adaptive rule on the repeat blocks finished so far (their repeat numbers): the campaign flow passes it
-# (analysis.adaptive judges), so this module measures and never analyses.
+# (analysis.adaptive_repeats judges), so this module measures and never analyses.
 DecideRepeats = Callable[[list[int]], BlockDecision]
 
 

@@ -1,6 +1,6 @@
 """Adaptive repeats in the campaign flow (`repeats: {min, max, target_halfwidth}`), on a real Prefect API with
 the stand-in engine (tests/reliability_support.py) through the local launcher: after each finished repeat
-block the rule (analysis/adaptive.py) decides whether to launch another. A loose target stops at `min` and
+block the rule (analysis/adaptive_repeats.py) decides whether to launch another. A loose target stops at `min` and
 records the blocks it did not launch; an unreachable one runs to `max`; a re-run resumes to the same end.
 The rule's statistics are tested in tests/test_adaptive_repeats.py; the embedded engine's adaptive campaign
 is experiments/adaptive.yaml (docs/analysis.md)."""

@@ -1,4 +1,4 @@
-"""Adaptive repeats (analysis/adaptive.py, issue 21): the rule's decisions on planted ratios, reading a raw
+"""Adaptive repeats (analysis/adaptive_repeats.py, issue 21): the rule's decisions on planted ratios, reading a raw
 campaign directory as the warehouse would pair it, the vectorised rule agreeing with the scalar one, and a
 small version of benchmarks/adaptive_repeats.py: the rule keeps coverage >= 93% where the naive rule does not.
 """
@@ -16,7 +16,7 @@ from analysis_fixtures import PlantedBuilder, profile
 from pydantic import ValidationError
 from warehouse_fixtures import make_spec
 
-from analysis.adaptive import (
+from analysis.adaptive_repeats import (
     AdaptiveRepeats,
     Comparison,
     Observations,

@@ -190,8 +190,8 @@ def simulate(
         bool, typer.Option("--report/--no-report", help="After storing, re-render the campaign's report.")
     ] = True,
 ) -> None:
-    from analysis.simulate.campaign import simulate_campaign
     from analysis.simulate.shapes import ShapeError
+    from analysis.simulate.whole_campaign import simulate_campaign
 
     if not validate and not shapes:
         raise ShapeError("nothing to do: pass --shapes, or leave --validate on")
