@@ -382,6 +382,23 @@ def step_terms(head_logits, teacher_logits, ids, lengths, prompt_lengths, step: 
     return soft_ce, weight, agree, answer
 
 
+def ttt_loss(logits, teacher, ids, lengths, prompt_lengths, decay: list[float], prompt_weight: float):
+    """The training-time-test objective over len(decay) draft steps: soft cross-entropy to the target, step j
+    weighted decay[j]. Returns (the loss, each step's loss rounded, each step's top-1 agreement rounded);
+    specgauge's trainer (tasks/drafters/head_worker.py) uses it as it is."""
+    total, parts, top1 = 0.0, [], []
+    for j in range(len(decay)):
+        terms = step_terms(logits[j], teacher, ids, lengths, prompt_lengths, j, prompt_weight)
+        if terms is None:
+            continue
+        soft_ce, weight, agree, answer = terms
+        part = (soft_ce * weight).sum() / weight.sum().clamp(min=1.0)
+        total = total + decay[j] * part
+        parts.append(round(part.item(), 4))
+        top1.append(round(float((agree & answer).sum() / answer.sum().clamp(min=1)), 4))
+    return total / sum(decay), parts, top1
+
+
 def evaluate(
     head, tap, target, examples, batches, *, steps: int, pad: int, device, prompt_weight: float, features=None
 ):
@@ -669,17 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             aux, teacher = tap.features(target, ids)
             logits = head(aux, ids, args.ttt_steps)
-            total, parts, top1 = 0.0, [], []
-            for j in range(args.ttt_steps):
-                terms = step_terms(logits[j], teacher, ids, lengths, prompt_lengths, j, args.prompt_weight)
-                if terms is None:
-                    continue
-                soft_ce, weight, agree, answer = terms
-                part = (soft_ce * weight).sum() / weight.sum().clamp(min=1.0)
-                total = total + decay[j] * part
-                parts.append(round(part.item(), 4))
-                top1.append(round(float((agree & answer).sum() / answer.sum().clamp(min=1)), 4))
-            total = total / sum(decay)
+            total, parts, top1 = ttt_loss(
+                logits, teacher, ids, lengths, prompt_lengths, decay, args.prompt_weight
+            )
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

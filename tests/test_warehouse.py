@@ -17,6 +17,7 @@ from experiments.spec import parse_spec
 from specgauge.checkpoints import drafter_digest
 from warehouse.db import reader, snapshot_path, writer
 from warehouse.ingest import ArtifactKind, ArtifactRef, ingest_artifacts, ingest_raw, rebuild
+from warehouse.kinds.base import file_kind
 from warehouse.kinds.deployments import engine_settings
 
 VIEWS = ("v_cells", "v_speedup", "v_acceptance", "v_acceptance_positions", "v_capacity")
@@ -622,21 +623,14 @@ class NoteModel(pa.DataFrameModel):
 
 
 def _note_kind(frames) -> ArtifactKind:
-    def discover(campaign_dir: Path, prefix: str):
-        for path in sorted((campaign_dir / "notes").glob("*.json")):
-            key = f"{campaign_dir.name}/{path.stem}"
-            yield ArtifactRef(
-                "note", key, path.parent, f"{prefix}/notes/{path.name}", campaign_dir.name, path.stem
-            )
-
-    return ArtifactKind(
+    """A kind the ingest engine has never seen: RAW/<campaign>/notes/<name>.json, one row each."""
+    return file_kind(
         name="note",
         table="notes",
         key_column="note_key",
-        discover=discover,
+        found=lambda campaign_dir: sorted((campaign_dir / "notes").glob("*.json")),
         frames=frames,
         models={"notes": NoteModel},
-        files=lambda ref: [f"{ref.name}.json"],
     )
 
 

@@ -154,20 +154,11 @@ def _optimizer(head, hp: dict[str, Any]):
 
 
 def _batch_loss(te, head, batch, decay: list[float], prompt_weight: float):
-    """(the training-time-test loss over len(decay) draft steps, each step's own loss rounded): soft
-    cross-entropy to the target, step j weighted decay[j]."""
+    """(train_eagle3's training-time-test loss over len(decay) draft steps, each step's own loss rounded)."""
     ids, lengths, prompt_lengths, aux, teacher = batch
     logits = head(aux, ids, len(decay))
-    total, parts = 0.0, []
-    for j in range(len(decay)):
-        terms = te.step_terms(logits[j], teacher, ids, lengths, prompt_lengths, j, prompt_weight)
-        if terms is None:
-            continue
-        soft_ce, weight, _, _ = terms
-        part = (soft_ce * weight).sum() / weight.sum().clamp(min=1.0)
-        total = total + decay[j] * part
-        parts.append(round(part.item(), 4))
-    return total / sum(decay), parts
+    total, parts, _ = te.ttt_loss(logits, teacher, ids, lengths, prompt_lengths, decay, prompt_weight)
+    return total, parts
 
 
 def _write_head(out: Path, state: dict[str, Any], config: dict[str, Any], target_dir: Path) -> None:
