@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -27,10 +27,8 @@ from analysis.report import (
     fmt_pct,
     html_table,
 )
+from analysis.results import Results
 from analysis.stats import percent
-
-if TYPE_CHECKING:
-    from analysis.run import Results
 
 # name -> (its files, its Vega-Lite spec): the charts drawn for the page
 EmbeddedCharts = dict[str, tuple[ChartFiles, dict[str, Any]]]
@@ -853,7 +851,7 @@ def campaign_sections(
     data: CampaignData, results: Results, charts: EmbeddedCharts, analysis: dict[str, Any]
 ) -> list[Section]:
     """The report's sections, in reading order. `data`: analysis.data.CampaignData; `results`:
-    analysis.run.Results; `charts`: name -> (files, Vega-Lite spec); `analysis`: the analysis_runs row."""
+    analysis.results.Results; `charts`: name -> (files, Vega-Lite spec); `analysis`: the analysis_runs row."""
     sections = [decision_section(results.decision)] if not results.decision.is_empty() else []
     sections += [
         verdict_section(data, results),

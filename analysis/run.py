@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,11 @@ from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
 from analysis.decision import decide, decision_rule, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
-from analysis.recommend import Recommendation, Verdict, is_verification, recommend, verification
+from analysis.recommend import is_verification, recommend, verification
 from analysis.report import building, render_page, vega_bundle, write_page
 from analysis.report_sections import campaign_sections
-from analysis.simulate.store import TreeSim, load_tree_sim
+from analysis.results import Results
+from analysis.simulate.store import load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
 from analysis.validity import confound_table, is_valid, validity_table, verdict_of
@@ -54,33 +55,6 @@ PAIRING = (
 
 class ReportError(SpecgaugeError):
     """The report page could not be written as a self-contained page."""
-
-
-@dataclass
-class Results:
-    settings: AnalysisSettings
-    speedup: pl.DataFrame
-    decisions: pl.DataFrame
-    fits: pl.DataFrame
-    depth: pl.DataFrame
-    choice: pl.DataFrame
-    capacity: pl.DataFrame
-    crossover: pl.DataFrame
-    per_position: pl.DataFrame
-    step_points: pl.DataFrame
-    notes: list[str] = field(default_factory=list)
-    recommendations: list[Recommendation] = field(default_factory=list)  # report only, not stored
-    break_even: pl.DataFrame = field(default_factory=pl.DataFrame)  # synthetic runs; report only
-    searches: pl.DataFrame = field(default_factory=pl.DataFrame)  # capacity searches; report only
-    verdicts: list[Verdict] = field(default_factory=list)  # a verification campaign's; report only
-    decision: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_decision of this campaign; report only
-    validity: pl.DataFrame = field(default_factory=pl.DataFrame)  # one row: A/A, spread, client error
-    confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
-    acceptance: pl.DataFrame = field(default_factory=pl.DataFrame)  # per-prompt acceptance intervals
-    tree_sim: TreeSim | None = None  # the latest simulation (analysis/simulate); report only
-
-    def tables(self) -> dict[str, pl.DataFrame]:
-        return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}
 
 
 def compute(data: CampaignData, settings: AnalysisSettings | None = None) -> Results:
