@@ -22,7 +22,7 @@ from flows.ingest import ingest as ingest_flow
 from flows.retry import is_transient
 from tasks.adapt import PlainCaptures
 from tasks.adaptation.deployment import Measurement, plain_captures, run_schedule_on_deployment
-from tasks.adaptation.inputs import Inputs
+from tasks.adaptation.inputs import AdaptationRequest, Inputs
 from tasks.adaptation.verdict import (
     cell_rows,
     earlier_confirmation,
@@ -35,10 +35,10 @@ from tasks.launch import Launcher, launcher_for, reap_leftovers
 
 # -- the steps ------------------------------------------------------------------------------------------------
 @task(name="confirmation-inputs", cache_policy=NO_CACHE)
-def inputs_task(parameters: dict[str, Any]) -> Inputs:
+def inputs_task(request: AdaptationRequest) -> Inputs:
     """The spec, heads, strata and load resolved and checked (tasks.adaptation.inputs): bad input is refused
     before anything is written or launched."""
-    return Inputs.from_parameters(parameters)
+    return Inputs(request)
 
 
 @task(name="earlier-confirmation", cache_policy=NO_CACHE)
@@ -109,7 +109,8 @@ def _reap_on_exit(flow: Any, flow_run: Any, state: Any) -> None:
     """on_cancellation/on_crashed: stop what this run launched and did not tear down (by the confirmation's
     campaign id when its inputs can still be read, else everything this process left)."""
     try:
-        prefix = Inputs.from_parameters(flow_run.parameters).campaign_id + "."
+        request = AdaptationRequest.model_validate(flow_run.parameters["request"])
+        prefix = Inputs(request).campaign_id + "."
     except Exception:
         prefix = ""
     reap_leftovers(include_own=True, id_prefix=prefix, saved=SavedBlocks())
@@ -117,77 +118,19 @@ def _reap_on_exit(flow: Any, flow_run: Any, state: Any) -> None:
 
 # -- the protocol ---------------------------------------------------------------------------------------------
 @flow(name="confirm-adaptation", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)
-def confirm_adaptation(
-    spec_path: str,
-    new_head: str,
-    target_stratum: str,
-    old_head: str | None = None,
-    variant: str | None = None,
-    strata: list[str] | None = None,
-    concurrencies: list[int] | None = None,
-    requests: int | None = None,
-    repeats: int = 3,
-    min_effect: float = 0.10,
-    max_harm: float = 0.05,
-    gain_metric: str = "throughput",
-    seed: int = 0,
-    plain_from: str | None = None,
-    gate: bool = True,
-    label: str | None = None,
-    ingest: bool = True,
-) -> dict[str, Any]:
+def confirm_adaptation(request: AdaptationRequest) -> dict[str, Any]:
     """Confirm that a new EAGLE-3 head pays on a running server: old and new head measured in a randomised
-    schedule of hot swaps on one deployment, the gate after the swap, the benefit rule per stratum.
-
-    Args:
-        spec_path: The experiment spec (target, the eagle3 variant, workloads, load, launcher).
-        new_head: The new head: a directory, or a drafter artifact id (RAW/drafters/<id>).
-        target_stratum: The stratum the head was adapted for (the rule's target).
-        old_head: The old head (default: the variant's eagle_head).
-        variant: The spec's eagle3 variant (default: the only one).
-        strata: Strata to measure (default: every stratum of the spec's workloads).
-        concurrencies: Closed-loop concurrencies instead of the spec's (e.g. 1).
-        requests: Measured requests per cell instead of the spec's.
-        repeats: Passes over every (head, stratum) block.
-        min_effect: Minimum gain on a stratum (0.10: the interval must lie above 1.10).
-        max_harm: Largest loss another stratum may take (0.05).
-        gain_metric: throughput, mean_acceptance_length or tpot_p50.
-        seed: Seed of the block order.
-        plain_from: A campaign whose plain captures the gate reuses (same target, corpus, sampling); empty:
-            two plain launches of this run.
-        gate: Run the greedy-correctness gate with the new head serving.
-        label: A run label: a new confirmation instead of resuming.
-        ingest: Load the raw artifacts into the warehouse afterwards.
-    """
+    schedule of hot swaps on one deployment, the gate after the swap, the benefit rule per stratum."""
     # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
     from experiments.loader import flow_spec_path
     from specgauge.flow_paths import flow_path, input_roots
 
-    flow_spec_path(spec_path)
-    flow_path(new_head, "new_head", input_roots())
-    flow_path(old_head, "old_head", input_roots())
-    inputs = inputs_task(
-        {
-            "spec_path": spec_path,
-            "new_head": new_head,
-            "target_stratum": target_stratum,
-            "old_head": old_head,
-            "variant": variant,
-            "strata": strata,
-            "concurrencies": concurrencies,
-            "requests": requests,
-            "repeats": repeats,
-            "min_effect": min_effect,
-            "max_harm": max_harm,
-            "gain_metric": gain_metric,
-            "seed": seed,
-            "plain_from": plain_from,
-            "gate": gate,
-            "label": label,
-        }
-    )
+    flow_spec_path(request.spec_path)
+    flow_path(request.new_head, "new_head", input_roots())
+    flow_path(request.old_head, "old_head", input_roots())
+    inputs = inputs_task(request)
     document = earlier_task(inputs) or _confirm(inputs)
-    if ingest:
+    if request.ingest:
         ingest_flow(raw_dir=str(Path(document["path"]).parents[2]), campaign_id=inputs.campaign_id)
         document["report"] = str(report_task(inputs.campaign_id, document["adaptation_id"]))
     get_run_logger().info("confirmation %s: %s", document["adaptation_id"], document["summary"])

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
 
 from analysis.adaptive_repeats import campaign_observations, repeat_decision
 from analysis.serve import report_url
@@ -269,9 +270,9 @@ def _reap_on_exit(flow, flow_run, state) -> None:
     the label: no planning). Only this campaign's deployments: the process may hold others (a test
     session's shared engines)."""
     try:
-        parameters = flow_run.parameters
-        experiment = load_spec_with(resolve_repo_path(spec_file_of(parameters)), overrides_of(parameters))
-        prefix = campaign_id_for(experiment, parameters.get("label")) + "."
+        request = CampaignRequest.model_validate(flow_run.parameters.get("request") or {})
+        experiment = load_spec_with(resolve_repo_path(request.spec_file()), request.overrides())
+        prefix = campaign_id_for(experiment, request.label) + "."
     except Exception:  # a spec that cannot be read any more: stop everything this process left
         prefix = ""
     reap_leftovers(include_own=True, id_prefix=prefix, saved=SavedBlocks())
@@ -293,55 +294,69 @@ def spec_file_of(parameters: dict[str, Any]) -> str:
     return chosen.value if isinstance(chosen, Enum) else str(chosen)
 
 
-def overrides_of(parameters: dict[str, Any]) -> SpecOverrides:
-    return SpecOverrides.of(
-        parameters.get("variants"),
-        parameters.get("strata"),
-        parameters.get("concurrencies"),
-        parameters.get("repeats"),
+class CampaignRequest(BaseModel):
+    """What to run: the run form of the `campaign` deployment (each field's description is its help)."""
+
+    spec: ExperimentFile = Field(
+        default=DEMO, description="The experiment spec, from the repo's experiments/ folder."
     )
+    spec_path: str | None = Field(
+        default=None,
+        description="Another spec file instead (repo-relative or absolute, on the worker's machine), e.g. one "
+        "that `specgauge decide` wrote.",
+    )
+    label: str | None = Field(
+        default=None,
+        description="A run label: a new campaign id instead of resuming the last run of the same spec.",
+    )
+    variants: list[str] | None = Field(
+        default=None,
+        description="Run only these variants (names as in the report, e.g. draft-k3); plain baselines are "
+        "always kept. Empty: all.",
+    )
+    strata: list[str] | None = Field(
+        default=None,
+        description="Run only these strata of the spec's workloads (e.g. code, chat). Empty: all.",
+    )
+    concurrencies: list[int] | None = Field(
+        default=None,
+        description="Closed-loop concurrencies instead of the spec's (e.g. 1, 4). Empty: the spec's.",
+    )
+    repeats: int | None = Field(
+        default=None, description="Independently launched deployments per variant instead of the spec's."
+    )
+    ingest: bool = Field(default=True, description="Load the raw artifacts into the warehouse afterwards.")
+    gate: bool = Field(default=True, description="Run the greedy-correctness gate afterwards.")
+    analyze: bool = Field(default=True, description="Analyse and write the report afterwards (needs ingest).")
+
+    def spec_file(self) -> str:
+        return spec_file_of({"spec": self.spec, "spec_path": self.spec_path})
+
+    def overrides(self) -> SpecOverrides:
+        return SpecOverrides.of(self.variants, self.strata, self.concurrencies, self.repeats)
 
 
 # -- the protocol ---------------------------------------------------------------------------------------------
 @flow(name="campaign", on_cancellation=[_reap_on_exit], on_crashed=[_reap_on_exit], log_prints=True)
-def campaign(
-    spec: ExperimentFile = DEMO,
-    spec_path: str | None = None,
-    label: str | None = None,
-    variants: list[str] | None = None,
-    strata: list[str] | None = None,
-    concurrencies: list[int] | None = None,
-    repeats: int | None = None,
-    ingest: bool = True,
-    gate: bool = True,
-    analyze: bool = True,
-) -> dict[str, Any]:
+def campaign(request: CampaignRequest | None = None) -> dict[str, Any]:
     """Run a campaign: launch each variant, wait until it is ready, measure every cell, capture greedy
     outputs, tear down; then profile, gate, ingest, analyse and write the report. Re-running the same spec
-    and overrides resumes: finished cells are skipped.
-
-    Args:
-        spec: The experiment spec, from the repo's experiments/ folder.
-        spec_path: Another spec file instead (repo-relative or absolute, on the worker's machine), e.g. one
-            that `specgauge decide` wrote.
-        label: A run label: a new campaign id instead of resuming the last run of the same spec.
-        variants: Run only these variants (names as in the report, e.g. draft-k3); plain baselines are
-            always kept. Empty: all.
-        strata: Run only these strata of the spec's workloads (e.g. code, chat). Empty: all.
-        concurrencies: Closed-loop concurrencies instead of the spec's (e.g. 1, 4). Empty: the spec's.
-        repeats: Independently launched deployments per variant instead of the spec's.
-        ingest: Load the raw artifacts into the warehouse afterwards.
-        gate: Run the greedy-correctness gate afterwards.
-        analyze: Analyse and write the report afterwards (needs ingest).
-    """
-    overrides = SpecOverrides.of(variants, strata, concurrencies, repeats)
-    spec_file = spec_file_of({"spec": spec, "spec_path": spec_path})
+    and overrides resumes: finished cells are skipped."""
+    request = request or CampaignRequest()
+    spec_file = request.spec_file()
     # issue 34: from a deployment (the UI), specs only under experiments/ or SPECGAUGE_SPEC_DIRS
     from experiments.loader import flow_spec_path
 
     flow_spec_path(spec_file)
     with progress.reporting(progress.Tee(progress.current(), ArtifactProgress())):
-        return _campaign(spec_file, label, overrides, ingest=ingest, gate=gate, analyze=analyze)
+        return _campaign(
+            spec_file,
+            request.label,
+            request.overrides(),
+            ingest=request.ingest,
+            gate=request.gate,
+            analyze=request.analyze,
+        )
 
 
 def _campaign(

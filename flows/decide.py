@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from analysis.verification import VerificationPlan, decision_of, plan_verification, write_decision, write_spec
 from flows.analyze import AnalysisRequest
 from flows.analyze import analyze as analyze_flow
-from flows.campaign import ExperimentFile, campaign, spec_file_of
+from flows.campaign import CampaignRequest, ExperimentFile, campaign, spec_file_of
 from flows.ingest import ingest as ingest_flow
 from specgauge.settings import get_settings
 from warehouse.db import reader
@@ -157,13 +157,15 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     from experiments.loader import flow_spec_path
 
     flow_spec_path(spec)
-    sweep_id = request.sweep_campaign_id or campaign(spec_path=spec, label=request.label)["campaign_id"]
+    sweep_id = (
+        request.sweep_campaign_id
+        or campaign(CampaignRequest(spec_path=spec, label=request.label))["campaign_id"]
+    )
     plan = recommend_task(sweep_id, request.workload)
     campaign_id = sweep_id
     if plan.spec_path is not None:  # speculation on somewhere: launch the schedule
-        campaign_id = campaign(spec_path=str(plan.spec_path), label=request.label, analyze=False)[
-            "campaign_id"
-        ]
+        verification = CampaignRequest(spec_path=str(plan.spec_path), label=request.label, analyze=False)
+        campaign_id = campaign(verification)["campaign_id"]
     decision = decision_task(plan, campaign_id)
     ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
     analysis = analyze_flow(AnalysisRequest(campaign_id=campaign_id))

@@ -20,7 +20,7 @@ from analysis.serve import report_url
 from experiments.plan import resolve_repo_path
 from experiments.spec import load_spec
 from flows.alerts import PROMOTED_REGRESSED, REGRESSION_DETECTED, REGRESSION_FAILED, alert
-from flows.campaign import campaign
+from flows.campaign import CampaignRequest, campaign
 from specgauge.provenance import utc_stamp
 from specgauge.settings import get_settings
 from warehouse.db import reader
@@ -140,7 +140,9 @@ def promoted_check(label: str | None = None) -> Any:
         logger.info("no promoted config: nothing to check")
         return {"decision_id": None, "lost": []}
     _, decision = read_decision(get_settings().raw_dir, decision_id)
-    result = campaign(spec_path=decision.verification_spec, label=label or utc_stamp(), gate=False)
+    result = campaign(
+        CampaignRequest(spec_path=decision.verification_spec, label=label or utc_stamp(), gate=False)
+    )
     verdicts = verdicts_of(result["campaign_id"])
     lost = [v for v in verdicts if v.k > 0 and (v.outcome == "refuted" or v.over_plain < 1.0)]
     create_markdown_artifact(
@@ -180,7 +182,7 @@ def regression(request: RegressionRequest | None = None) -> Any:
     request = request or RegressionRequest()
     experiment = load_spec(resolve_repo_path(flow_spec_path(request.spec)))
     stamp = request.label or utc_stamp()
-    result = campaign(spec_path=request.spec, label=stamp, gate=False)
+    result = campaign(CampaignRequest(spec_path=request.spec, label=stamp, gate=False))
     check = regression_check(
         result["campaign_id"],
         experiment.name,

@@ -282,6 +282,6 @@ def demo_campaign(prefect_harness: None, engines: EnginePool) -> dict:
     profiled one), run once per session through the campaign flow on the real engine; the tests of the flow,
     the warehouse, the gate, the captures, the profile and the analysis read its results."""
     engines.stop()  # none is up when the campaign's tests run first; idle engines would compete for the cores
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
-    return campaign(spec_path=str(CAMPAIGN_SPEC))
+    return campaign(CampaignRequest(spec_path=str(CAMPAIGN_SPEC)))

@@ -284,7 +284,9 @@ def submit_served(name: str, spec_path: Path, poll_s: float = 0.3) -> Any:
         try:
             return run_deployment(
                 f"campaign/{name}",
-                parameters={"spec_path": str(spec_path), "ingest": False, "gate": False, "analyze": False},
+                parameters={
+                    "request": {"spec_path": str(spec_path), "ingest": False, "gate": False, "analyze": False}
+                },
                 timeout=0,
             )
         except Exception:  # the deployment is not registered yet

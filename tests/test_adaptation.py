@@ -790,7 +790,7 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
 
     from hot_swap_heads import derive_head
 
-    from flows.adapt import confirm_adaptation
+    from flows.adapt import AdaptationRequest, confirm_adaptation
     from specgauge.settings import get_settings
     from warehouse.db import reader
 
@@ -801,11 +801,13 @@ def test_confirmation_flow_on_the_embedded_engine(demo_campaign: dict, tmp_path:
 
     def confirm() -> dict:
         return confirm_adaptation(
-            spec_path=str(spec),
-            new_head=str(new),
-            target_stratum="code",
-            repeats=2,
-            plain_from=demo_campaign["campaign_id"],
+            AdaptationRequest(
+                spec_path=str(spec),
+                new_head=str(new),
+                target_stratum="code",
+                repeats=2,
+                plain_from=demo_campaign["campaign_id"],
+            )
         )
 
     doc = confirm()

@@ -34,10 +34,10 @@ def adaptive_spec(tmp_path: Path, name: str, **repeats: Any) -> Path:
 
 
 def run(spec: Path) -> dict[str, Any]:
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     with progress.reporting(progress.Reporter()):
-        return campaign(spec_path=str(spec), gate=False, analyze=False, ingest=False)
+        return campaign(CampaignRequest(spec_path=str(spec), gate=False, analyze=False, ingest=False))
 
 
 def launched_repeats(result: dict[str, Any]) -> list[int]:

@@ -174,11 +174,11 @@ def test_the_demo_profiles_one_speculative_window(demo_campaign: dict) -> None:
 
 @pytest.mark.engine
 def test_rerunning_the_campaign_resumes_without_launching(demo_campaign: dict, campaign_spec: Path) -> None:
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     cells_dir = Path(demo_campaign["directory"]) / "cells"
     before = sorted(p.name for p in cells_dir.iterdir())
-    again = campaign(spec_path=str(campaign_spec), ingest=False, gate=False, analyze=False)
+    again = campaign(CampaignRequest(spec_path=str(campaign_spec), ingest=False, gate=False, analyze=False))
     assert again["campaign_id"] == demo_campaign["campaign_id"]
     assert all(slot["launches"] == [] for slot in again["deployments"])
     assert sorted(p.name for p in cells_dir.iterdir()) == before
@@ -186,7 +186,7 @@ def test_rerunning_the_campaign_resumes_without_launching(demo_campaign: dict, c
 
 
 def test_a_bad_spec_fails_the_flow_naming_the_field(prefect_harness: None, tmp_path: Path) -> None:
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     bad = tmp_path / "bad.yaml"
     text = (
@@ -196,7 +196,7 @@ def test_a_bad_spec_fails_the_flow_naming_the_field(prefect_harness: None, tmp_p
     )
     bad.write_text(text)
     with pytest.raises(SpecError) as info:
-        campaign(spec_path=str(bad))
+        campaign(CampaignRequest(spec_path=str(bad)))
     line = (
         text.splitlines().index("  - name: draft-k3") + 1
     )  # the variant's own line: the file, line and field
@@ -219,7 +219,7 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
 
     from experiments.plan import plan_campaign
     from experiments.spec import load_spec
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     data = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     data.pop("profile")
@@ -240,7 +240,7 @@ def test_the_protocol_on_an_endpoint_gate_before_one_ingest(
     plan = plan_campaign(load_spec(spec))
     assert plan.gate is not None and plan.gate.treatments == (("ngram-k3", "ngram-k3.r0"),)
 
-    state = campaign(spec_path=str(spec), analyze=False, return_state=True)
+    state = campaign(CampaignRequest(spec_path=str(spec), analyze=False), return_state=True)
     result = state.result()
 
     assert result["failed_cells"] == {} and len(result["deployments"]) == 3
@@ -348,7 +348,7 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
 
     from experiments.plan import plan_campaign
     from experiments.spec import load_spec
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     emulator.configure(max_running=1, ttft_ms=20.0, step_ms=5.0)
     emulator.restart()
@@ -371,7 +371,7 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     spec = tmp_path / "capacity.yaml"
     spec.write_text(yaml.safe_dump(data))
     plan = plan_campaign(load_spec(spec))
-    result = campaign(spec_path=str(spec), analyze=False)
+    result = campaign(CampaignRequest(spec_path=str(spec), analyze=False))
     assert result["failed_cells"] == {}, result
     with reader() as con:
         search = con.execute(
@@ -391,5 +391,7 @@ def test_a_capacity_search_runs_in_the_campaign_flow_and_reaches_the_warehouse(
     assert capacity is not None and 0 < capacity < 16.0 * 1.2, search
     assert failing is not None and capacity < failing
     assert failing / capacity <= 1.3 + 1e-9 or points == 5, search
-    again = campaign(spec_path=str(spec), analyze=False)  # resumes: the search is done, nothing is launched
+    again = campaign(
+        CampaignRequest(spec_path=str(spec), analyze=False)
+    )  # resumes: the search is done, nothing is launched
     assert again["deployments"][0]["launches"] == [], again

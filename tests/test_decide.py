@@ -250,13 +250,13 @@ def test_the_decision_loop_on_the_cost_twin(
     """On the embedded engine's cost twin a sweep recommends speculation at low load (not "off" everywhere),
     and the verification campaign launches that schedule beside plain and the fixed depth and stores a
     verdict per load from its measured cells."""
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
     from flows.decide import DecisionRequest, decide
     from warehouse.db import reader
 
     spec = tmp_path / "twin-sweep.yaml"
     spec.write_text(TWIN_SWEEP)
-    sweep = campaign(spec_path=str(spec), gate=False)
+    sweep = campaign(CampaignRequest(spec_path=str(spec), gate=False))
     result = decide(DecisionRequest(sweep_campaign_id=sweep["campaign_id"], sign_off=False))
     decision = result["decision"]
     assert decision["speculative_config"]["method"] == "eagle3"

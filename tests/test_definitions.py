@@ -22,10 +22,17 @@ def test_prefect_yaml_entrypoints_are_flows_with_their_parameters(deployment: di
     module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
     flow = getattr(module, name)
     assert isinstance(flow, Flow)
-    accepted = set(flow.parameters.properties)
-    assert set(deployment.get("parameters") or {}) <= accepted
-    for spec in (deployment.get("parameters") or {}).get("spec", []) and [deployment["parameters"]["spec"]]:
-        assert (REPO / spec).exists(), f"{deployment['name']}: spec {spec} missing"
+    schema = flow.parameters.model_dump()
+    parameters = deployment.get("parameters") or {}
+    assert set(parameters) <= set(schema["properties"])
+    request = parameters.get("request") or {}
+    if request:  # a typed request (one model per flow): its fields are the model's
+        typed = schema["properties"]["request"]
+        ref = next(t["$ref"] for t in [typed, *typed.get("anyOf", [])] if "$ref" in t)
+        assert set(request) <= set(schema["definitions"][ref.rsplit("/", 1)[-1]]["properties"])
+    for values in (parameters, request):
+        for spec in (values.get(name) for name in ("spec", "spec_path") if values.get(name)):
+            assert (REPO / spec).exists(), f"{deployment['name']}: spec {spec} missing"
 
 
 def test_every_block_module_defines_a_block() -> None:

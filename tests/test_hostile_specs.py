@@ -221,7 +221,7 @@ def test_a_flow_from_a_deployment_reads_specs_only_under_its_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe
 ) -> None:
     from experiments.loader import check_spec_path, flow_spec_path
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -239,7 +239,7 @@ def test_a_flow_from_a_deployment_reads_specs_only_under_its_folders(
         refused = []
         for path in (outside / "passwd", allowed / "link.yaml", "experiments/../../../../etc/passwd"):
             with pytest.raises(SpecError, match="is not under") as raised:
-                campaign.fn(spec_path=str(path))
+                campaign.fn(CampaignRequest(spec_path=str(path)))
             assert "root:" not in str(raised.value)
             refused.append(str(raised.value))
         assert flow_spec_path(str(allowed / "mine.yaml")) == str(allowed / "mine.yaml")
@@ -267,7 +267,7 @@ def test_a_flow_from_a_deployment_reads_and_writes_only_under_its_folders(
 ) -> None:
     """The other path parameters of the deployed flows: warehouse files, raw trees and report folders only
     under SPECGAUGE_HOME; training inputs and heads only under the repo, HOME or SPECGAUGE_SPEC_DIRS."""
-    from flows.adapt import confirm_adaptation
+    from flows.adapt import AdaptationRequest, confirm_adaptation
     from flows.analyze import AnalysisRequest, analyze
     from flows.ingest import ingest
     from flows.simulate import SimulationRequest, simulate
@@ -285,7 +285,7 @@ def test_a_flow_from_a_deployment_reads_and_writes_only_under_its_folders(
         "simulate db": lambda: simulate.fn(SimulationRequest(campaign_id="c", db=str(outside / "w.duckdb"))),
         "train jsonl": lambda: train_drafter_flow.fn(TrainRequest(jsonl=["/etc/passwd"])),
         "adapt new_head": lambda: confirm_adaptation.fn(
-            spec_path="experiments/adapt.yaml", new_head="/etc", target_stratum="code"
+            AdaptationRequest(spec_path="experiments/adapt.yaml", new_head="/etc", target_stratum="code")
         ),
     }
     token = _deployment_id.set(uuid.uuid4())

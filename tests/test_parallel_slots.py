@@ -106,10 +106,10 @@ def seconds(stamp: str) -> float:
 def test_two_repeat_blocks_run_at_once_each_on_one_node(
     slots_cluster: str, campaign_jobs: list[str], tmp_path: Path, home: Path
 ) -> None:
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     spec = slots_spec(tmp_path, "slots-two", requests=12)
-    result = campaign(spec_path=str(spec), gate=False, analyze=False)
+    result = campaign(CampaignRequest(spec_path=str(spec), gate=False, analyze=False))
     directory = Path(result["directory"])
     launched = deployments_of(directory)
     campaign_jobs.extend(str(d["job_id"]) for d in launched)

@@ -188,16 +188,17 @@ def submit_form(driver: Any, created: Any, tmp_path: Path) -> None:
 
 
 def runs_labelled(server: dict[str, str], deployment_id: str, label: str) -> list[str]:
-    """Ids of the deployment's flow runs whose `label` parameter is `label`."""
+    """Ids of the deployment's flow runs whose request's `label` is `label`."""
     runs = api(
         server, "POST", "/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}
     ).json()
-    return [r["id"] for r in runs if r["parameters"].get("label") == label]
+    return [r["id"] for r in runs if (r["parameters"].get("request") or {}).get("label") == label]
 
 
 def fill_text_parameter(driver: Any, name: str, value: str) -> None:
-    """An optional string parameter of Prefect's run form: pick its `str` type (it shows `None` first),
-    then type into the field that appears."""
+    """An optional string field of Prefect's run form, by the label the form shows (a request's field:
+    its pydantic title, `Spec Path`): pick its `str` type (it shows `None` first), then type into the field
+    that appears."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -281,14 +282,15 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
     with browser(tmp_path) as driver:
         driver.get(f"{server['ui']}/deployments/deployment/{deployment['id']}/run")
         wait_for(driver, lambda: driver.find_elements(By.XPATH, "//button[normalize-space()='Submit']"))
-        fill_text_parameter(driver, "spec_path", TINY)
-        fill_text_parameter(driver, "label", "from-the-browser")
+        fill_text_parameter(driver, "Spec Path", TINY)
+        fill_text_parameter(driver, "Label", "from-the-browser")
         driver.save_screenshot(str(shots / "ui-run-form.png"))
         submit_form(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), tmp_path)
         (run_id,) = runs_labelled(server, deployment["id"], "from-the-browser")
         run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
         assert run["state"]["type"] == "COMPLETED", run["state"]
-        assert run["parameters"]["spec_path"] == TINY and run["parameters"]["label"] == "from-the-browser"
+        request = run["parameters"]["request"]
+        assert request["spec_path"] == TINY and request["label"] == "from-the-browser"
 
         driver.get(f"{server['ui']}/runs/flow-run/{run_id}?tab=Artifacts")
         time.sleep(5)  # the run page renders its tabs asynchronously; the screenshot is for the README
@@ -336,7 +338,9 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
 
 def test_a_cancelled_campaign_leaves_no_engine_process(server) -> None:
     home = Path(server["specgauge_home"])
-    run_id = run_deployment(server, "campaign", {"spec_path": TINY, "label": "to-cancel", "gate": False})
+    run_id = run_deployment(
+        server, "campaign", {"request": {"spec_path": TINY, "label": "to-cancel", "gate": False}}
+    )
     deadline = time.monotonic() + 600
     while not engine_pids(home):  # cancel while the engine is up (starting or serving)
         assert time.monotonic() < deadline, "the engine never started"
@@ -356,20 +360,22 @@ def test_a_cancelled_campaign_leaves_no_engine_process(server) -> None:
 
 
 def test_the_campaign_form_is_typed_and_explains_itself(server) -> None:
-    """What the UI renders as the campaign's run form: the spec as a select of the repo's experiment specs,
-    and each override with the description the form shows under it."""
+    """What the UI renders as the campaign's run form: one typed request, its spec as a select of the repo's
+    experiment specs, and each override with the description the form shows under it."""
     deployment = api(server, "GET", "/deployments/name/campaign/campaign").json()
     schema = deployment["parameter_openapi_schema"]
+    assert {"$ref": "#/definitions/CampaignRequest"} in schema["properties"]["request"]["anyOf"]
     choices = schema["definitions"]["ExperimentFile"]["enum"]
     assert "experiments/demo.yaml" in choices and "experiments/nightly.yaml" in choices
-    assert schema["properties"]["spec"]["$ref"] == "#/definitions/ExperimentFile"
+    request = schema["definitions"]["CampaignRequest"]["properties"]
+    assert request["spec"]["$ref"] == "#/definitions/ExperimentFile"
     for name in ("spec_path", "label", "variants", "strata", "concurrencies", "repeats", "gate"):
-        assert schema["properties"][name].get("description"), name
-    assert "plain baselines are" in schema["properties"]["variants"]["description"]
+        assert request[name].get("description"), name
+    assert "plain baselines are" in request["variants"]["description"]
     # a value the form could not have produced is refused by the API itself
     refused = httpx.post(
         f"{server['api']}/deployments/{deployment['id']}/create_flow_run",
-        json={"parameters": {"spec": "experiments/none.yaml"}, "state": {"type": "SCHEDULED"}},
+        json={"parameters": {"request": {"spec": "experiments/none.yaml"}}, "state": {"type": "SCHEDULED"}},
         timeout=30,
     )
     assert refused.status_code in (409, 422), refused.text
@@ -378,7 +384,9 @@ def test_the_campaign_form_is_typed_and_explains_itself(server) -> None:
 
 def test_a_bad_override_from_the_form_fails_before_anything_launches(server) -> None:
     home = Path(server["specgauge_home"])
-    run_id = run_deployment(server, "campaign", {"spec": "experiments/demo.yaml", "variants": ["draft-k9"]})
+    run_id = run_deployment(
+        server, "campaign", {"request": {"spec": "experiments/demo.yaml", "variants": ["draft-k9"]}}
+    )
     run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=300)
     assert run["state"]["type"] == "FAILED", run["state"]
     message = " ".join(run["state"]["message"].split())

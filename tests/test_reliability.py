@@ -62,13 +62,13 @@ pytest_plugins = ["reliability_support"]
 
 
 def run_campaign(spec_path: Path, hooks: Hooks | None = None, **options: Any) -> dict[str, Any]:
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     # Only one real engine may run on this machine, under its lock: these campaigns use the stand-in.
     assert get_settings().engine_python.name == "standin-engine", "use the standin_engine fixture"
 
     with progress.reporting(hooks or Hooks()):
-        return campaign(spec_path=str(spec_path), gate=False, analyze=False, **options)
+        return campaign(CampaignRequest(spec_path=str(spec_path), gate=False, analyze=False, **options))
 
 
 def set_emulator(directory: Path, **config: Any) -> None:

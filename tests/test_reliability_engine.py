@@ -56,7 +56,7 @@ def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
     monkeypatch.setenv("SPECGAUGE_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()
     assert get_settings().engine_python.name == "python"  # the real engine
-    from flows.campaign import campaign
+    from flows.campaign import CampaignRequest, campaign
 
     spec = write_spec(tmp_path / "kill.yaml", SPEC)
     directory = campaign_dir(spec)
@@ -70,10 +70,12 @@ def test_engine_killed_mid_cell_is_recorded_relaunched_and_resumed(
 
     try:
         with progress.reporting(Hooks(on_record=kill_engine)):
-            first = campaign(spec_path=str(spec), gate=False, analyze=False)
+            first = campaign(CampaignRequest(spec_path=str(spec), gate=False, analyze=False))
         after_first = attempts(directory)
         launches_first = sorted(p.name for p in (directory / "deployments").iterdir())
-        second = campaign(spec_path=str(spec), gate=False, analyze=False)  # resume: nothing left to do
+        second = campaign(
+            CampaignRequest(spec_path=str(spec), gate=False, analyze=False)
+        )  # resume: nothing left to do
         launches_second = sorted(p.name for p in (directory / "deployments").iterdir())
     finally:
         pgids = launched_pgids(directory) if (directory / "deployments").exists() else []

@@ -152,21 +152,22 @@ def run_campaign_cli(
     # One writer per campaign: a second run of it is refused here, naming the first, before Prefect is even
     # imported; the flow takes the same lock again (re-entrant), as a run started from the UI does.
     with state.campaign_writer(directory):
-        from flows.campaign import campaign
+        from flows.campaign import CampaignRequest, campaign
         from specgauge.progress import RichReporter, reporting
 
+        request = CampaignRequest(
+            spec_path=str(spec_path),
+            label=label,
+            variants=list(overrides.variants or []),
+            strata=list(overrides.strata or []),
+            concurrencies=list(overrides.concurrencies or []),
+            repeats=overrides.repeats,
+            ingest=ingest,
+            gate=gate,
+            analyze=analyze,
+        )
         with reporting(RichReporter()):
-            result = campaign(
-                spec_path=str(spec_path),
-                label=label,
-                variants=list(overrides.variants or []),
-                strata=list(overrides.strata or []),
-                concurrencies=list(overrides.concurrencies or []),
-                repeats=overrides.repeats,
-                ingest=ingest,
-                gate=gate,
-                analyze=analyze,
-            )
+            result = campaign(request)
     console.print(headline_table(f"campaign {plan.campaign_id}", state.headline_rows(directory, plan)))
     for verdict in result.get("gates", []) or []:
         console.print(

@@ -6,7 +6,7 @@ against a new one in a randomised schedule of swaps, the gate after the swap, th
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -77,18 +77,12 @@ def confirm(
     ] = None,
 ) -> None:
     from cli.commands.campaign import _listed
-    from experiments.adaptation import Rule
-    from flows.adapt import Inputs
+    from flows.adapt import AdaptationRequest, Inputs
     from specgauge.errors import InputError
 
-    rule_settings: dict[str, Any] = dict(min_effect=min_effect, max_harm=max_harm, gain_metric=gain_metric)
-    try:  # the rule checks its own parameters (ValueError): name the options
-        rule = Rule(**rule_settings)
-    except ValueError as exc:
-        raise InputError(f"--gain-metric/--min-effect/--max-harm: {exc}") from None
-
-    # what both the early check and the flow take, by the flow's names
-    shared: dict[str, Any] = dict(
+    request = AdaptationRequest(
+        spec_path=spec,
+        new_head=new,
         target_stratum=target,
         old_head=old,
         variant=variant,
@@ -96,16 +90,23 @@ def confirm(
         concurrencies=_listed(concurrencies, "--concurrencies", int),
         requests=requests,
         repeats=repeats,
+        min_effect=min_effect,
+        max_harm=max_harm,
+        gain_metric=gain_metric,
         seed=seed,
         plain_from=plain_from,
         gate=gate,
         label=label,
     )
+    try:  # the rule checks its own parameters (ValueError): name the options
+        request.rule()
+    except ValueError as exc:
+        raise InputError(f"--gain-metric/--min-effect/--max-harm: {exc}") from None
     # bad input is refused here, before Prefect starts (one line, exit 2, from the CLI's error boundary)
-    Inputs(spec, new, rule=rule, **shared)
+    Inputs(request)
     from flows.adapt import confirm_adaptation
 
-    document = confirm_adaptation(spec_path=spec, new_head=new, **rule_settings, **shared)
+    document = confirm_adaptation(request)
     console.print(verdict_table(document))
     gate_facts = document.get("gate") or {}
     console.print(

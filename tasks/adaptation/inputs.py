@@ -4,10 +4,11 @@ corpora, the load, the schedule, and the ids that make a re-run of the same inpu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from artifacts import ids, layout
 from experiments.adaptation import Rule
@@ -20,51 +21,68 @@ from tasks.adapt import Block
 from tasks.drafters.contract import check_eagle3_head
 from workloads.schema import Corpus, load_corpus
 
-# The flow parameters Inputs takes as they are, and those that make its Rule.
-_OPTIONS = (
-    "old_head",
-    "variant",
-    "strata",
-    "concurrencies",
-    "requests",
-    "repeats",
-    "seed",
-    "plain_from",
-    "gate",
-    "label",
-)
-_RULE = ("min_effect", "max_harm", "gain_metric")
+
+class AdaptationRequest(BaseModel):
+    """What to confirm: the run form of the `confirm-adaptation` deployment (each field's description is its
+    help). The flow, its cancellation hook (which reads the run's parameters) and `specgauge drafters
+    confirm` build Inputs from it alike."""
+
+    spec_path: str = Field(
+        description="The experiment spec (target, the eagle3 variant, workloads, load, launcher)."
+    )
+    new_head: str = Field(
+        description="The new head: a directory, or a drafter artifact id (RAW/drafters/<id>)."
+    )
+    target_stratum: str = Field(description="The stratum the head was adapted for (the rule's target).")
+    old_head: str | None = Field(default=None, description="The old head. Empty: the variant's eagle_head.")
+    variant: str | None = Field(default=None, description="The spec's eagle3 variant. Empty: the only one.")
+    strata: list[str] | None = Field(
+        default=None, description="Strata to measure. Empty: every stratum of the spec's workloads."
+    )
+    concurrencies: list[int] | None = Field(
+        default=None, description="Closed-loop concurrencies instead of the spec's (e.g. 1)."
+    )
+    requests: int | None = Field(
+        default=None, description="Measured requests per cell instead of the spec's."
+    )
+    repeats: int = Field(default=3, description="Passes over every (head, stratum) block.")
+    min_effect: float = Field(
+        default=0.10, description="Minimum gain on a stratum (0.10: the interval must lie above 1.10)."
+    )
+    max_harm: float = Field(default=0.05, description="Largest loss another stratum may take (0.05).")
+    gain_metric: str = Field(
+        default="throughput", description="throughput, mean_acceptance_length or tpot_p50."
+    )
+    seed: int = Field(default=0, description="Seed of the block order.")
+    plain_from: str | None = Field(
+        default=None,
+        description="A campaign whose plain captures the gate reuses (same target, corpus, sampling). Empty: "
+        "two plain launches of this run.",
+    )
+    gate: bool = Field(default=True, description="Run the greedy-correctness gate with the new head serving.")
+    label: str | None = Field(
+        default=None, description="A run label: a new confirmation instead of resuming."
+    )
+    ingest: bool = Field(default=True, description="Load the raw artifacts into the warehouse afterwards.")
+
+    def rule(self) -> Rule:
+        """The benefit rule of the request; it refuses its own bad parameters (ValueError)."""
+        return Rule(min_effect=self.min_effect, max_harm=self.max_harm, gain_metric=self.gain_metric)
 
 
 class Inputs:
     """Everything the confirmation is defined by, resolved and checked before anything is launched."""
 
-    def __init__(
-        self,
-        spec_path: str,
-        new_head: str,
-        *,
-        target_stratum: str,
-        old_head: str | None = None,
-        variant: str | None = None,
-        strata: list[str] | None = None,
-        concurrencies: list[int] | None = None,
-        requests: int | None = None,
-        repeats: int = 3,
-        seed: int = 0,
-        rule: Rule = Rule(),
-        plain_from: str | None = None,
-        gate: bool = True,
-        label: str | None = None,
-    ) -> None:
-        self.spec_path = resolve_repo_path(spec_path)
+    def __init__(self, request: AdaptationRequest) -> None:
+        self.rule = request.rule()  # its own bad parameters first, before the spec is read
+        self.spec_path = resolve_repo_path(request.spec_path)
         self.spec: ExperimentSpec = load_spec(self.spec_path)
-        chosen = adapt.adaptation_variant(self.spec, variant)
-        old_value = old_head or chosen.eagle_head
+        chosen = adapt.adaptation_variant(self.spec, request.variant)
+        old_value = request.old_head or chosen.eagle_head
         if not old_value:
             raise InputError(f"variant {chosen.name!r} names no eagle_head: give the old head")
         self.old = adapt.resolve_head(old_value, label="old")
-        self.new = adapt.resolve_head(new_head, label="new")
+        self.new = adapt.resolve_head(request.new_head, label="new")
         if self.old.sha256 == self.new.sha256:
             raise InputError(
                 f"the new head {self.new.path} is the old head ({self.old.path}): nothing to confirm"
@@ -77,24 +95,25 @@ class Inputs:
                 raise InputError(f"{head.label} head {head.path}: {exc}") from None
         self.variant: Variant = chosen.model_copy(update={"eagle_head": str(self.old.path)})
         self.corpora = strata_corpora(self.spec)
-        self.strata = sorted(strata or self.corpora)
+        self.strata = sorted(request.strata or self.corpora)
         unknown = [s for s in self.strata if s not in self.corpora]
         if unknown:
             raise InputError(
                 f"strata {unknown} are not in the spec's workloads ({', '.join(sorted(self.corpora))})"
             )
+        target_stratum = request.target_stratum
         if target_stratum not in self.strata:
             raise InputError(f"target stratum {target_stratum!r} is not among the strata {self.strata}")
         self.target_stratum = target_stratum
         update: dict[str, Any] = {}
-        if concurrencies:
-            update.update(concurrencies=tuple(concurrencies), rates=())
-        if requests is not None:
-            update["requests"] = requests
+        if request.concurrencies:
+            update.update(concurrencies=tuple(request.concurrencies), rates=())
+        if request.requests is not None:
+            update["requests"] = request.requests
         self.load: LoadSpec = self.spec.load.model_copy(update=update) if update else self.spec.load
-        self.repeats, self.seed, self.rule = repeats, seed, rule
-        self.blocks = adapt.schedule(self.strata, repeats, seed)
-        self.plain_from, self.gate, self.label = plain_from, gate, label
+        self.repeats, self.seed = request.repeats, request.seed
+        self.blocks = adapt.schedule(self.strata, self.repeats, self.seed)
+        self.plain_from, self.gate, self.label = request.plain_from, request.gate, request.label
         self.loads = load_labels(self.load)
         digest = adapt.inputs_digest(
             {
@@ -105,32 +124,18 @@ class Inputs:
                 "strata": self.strata,
                 "target": target_stratum,
                 "load": self.load.model_dump(mode="json"),
-                "repeats": repeats,
-                "seed": seed,
-                "rule": asdict(rule),
-                "plain_from": plain_from,
-                "gate": gate,
+                "repeats": self.repeats,
+                "seed": self.seed,
+                "rule": asdict(self.rule),
+                "plain_from": self.plain_from,
+                "gate": self.gate,
             }
         )
         self.spec_sha256 = digest
-        self.campaign_id = ids.campaign_id(f"{self.spec.name}-adapt", digest, label)
+        self.campaign_id = ids.campaign_id(f"{self.spec.name}-adapt", digest, self.label)
         self.adaptation_id = ids.adaptation_id(self.variant.name, target_stratum, digest)
         self.capture_id = ids.capture_id(f"{self.variant.name}.new", 0)
         self.slot = ids.slot_id(self.campaign_id, self.variant.name, 0)  # the one hot-swap deployment's
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any]) -> Inputs:
-        """The Inputs of a confirm-adaptation run from its parameters (the flow's names; one left out takes
-        its default): the flow and its cancellation hook, which reads the run's parameters, resolve alike."""
-        options = {name: parameters[name] for name in _OPTIONS if name in parameters}
-        rule = {name: parameters[name] for name in _RULE if name in parameters}
-        return cls(
-            parameters["spec_path"],
-            parameters["new_head"],
-            target_stratum=parameters["target_stratum"],
-            rule=Rule(**rule),
-            **options,
-        )
 
     def campaign_dir(self) -> Path:
         """RAW/<campaign_id> under the raw tree in use now."""
