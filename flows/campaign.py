@@ -43,7 +43,7 @@ from flows.retry import is_transient
 from specgauge import progress
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT
-from tasks import campaign as state
+from tasks import campaign_state as state
 from tasks.capacity import Point
 from tasks.cell import CellOutcome
 from tasks.drafters.prelaunch import check_launchable
@@ -363,7 +363,7 @@ def _campaign(
     spec_file: str, label: str | None, overrides: SpecOverrides, *, ingest: bool, gate: bool, analyze: bool
 ) -> dict[str, Any]:
     experiment, plan, directory = plan_step(spec_file, label, overrides)
-    # One writer per campaign (tasks.campaign): a second run of the same campaign is refused here, naming
+    # One writer per campaign (tasks.campaign_state): a second run of the same campaign is refused here, naming
     # the first, before it launches or measures anything; a killed run's half-written artifacts go.
     with state.campaign_writer(directory):
         return _run_planned(experiment, plan, directory, ingest=ingest, gate=gate, analyze=analyze)

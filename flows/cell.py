@@ -11,7 +11,7 @@ from artifacts import ids, layout
 from blocks import resolve_launcher_config
 from experiments.plan import CellPlan, resolve_repo_path
 from experiments.spec import SLO, EndpointLaunchSpec, LoadSpec, Sampling, TargetSpec, Variant
-from tasks import campaign as state
+from tasks import campaign_state as state
 from tasks.cell import run_cell
 from tasks.health import wait_ready
 from tasks.launch.endpoint import EndpointLauncher

@@ -4,7 +4,7 @@ A lock is a file (`<thing>.lock`) held with flock through the filelock package: 
 its holder dies, even by SIGKILL, so the lock of a dead process is simply taken over by the next writer,
 never left stale. The holder writes a note beside it (pid, host, command, since) so that a waiting or
 refused writer can name whom it waits for. Used for the warehouse (warehouse.lock), each campaign's raw
-folder (tasks.campaign.campaign_writer) and each import target (flows.import_reference).
+folder (tasks.campaign_state.campaign_writer) and each import target (flows.import_reference).
 
 `one_writer(..., timeout_s=0)` refuses at once; `timeout_s=None` waits for as long as it takes, saying so
 every `announce_every_s`; either way a writer that gives up raises `busy` (default `WriterBusy`) naming the

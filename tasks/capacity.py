@@ -34,7 +34,7 @@ from artifacts.store import read_json, write_json_atomic
 from experiments.plan import CellPlan, SearchPlan
 from experiments.spec import CapacitySpec, ExperimentSpec
 from specgauge.provenance import tool_facts, utc_now
-from tasks.campaign import cell_done
+from tasks.campaign_state import cell_done
 from tasks.launch.base import Deployment
 from workloads.schema import Corpus
 

@@ -13,7 +13,7 @@ from experiments.plan import CellPlan, DeploymentPlan
 from experiments.spec import ExperimentSpec
 from specgauge import progress
 from specgauge.errors import LaunchError
-from tasks import campaign as state
+from tasks import campaign_state as state
 from tasks.capacity import EngineGone, Point, search_deployment
 from tasks.capture import capture
 from tasks.cell import CellOutcome, run_cell

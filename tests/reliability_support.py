@@ -40,7 +40,7 @@ from experiments.plan import CellPlan, plan_campaign
 from experiments.spec import SLO, LoadSpec, Sampling, load_spec
 from specgauge import progress
 from specgauge.settings import get_settings
-from tasks import campaign as campaign_state
+from tasks import campaign_state
 from tasks.cell import CellOutcome, run_cell
 from tasks.launch.base import Deployment
 from tasks.launch.local import live_group_members

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.campaign import record_run
+from tasks.campaign_state import record_run
 
 
 def test_runs_within_one_second_get_their_own_records_in_order(tmp_path: Path) -> None:

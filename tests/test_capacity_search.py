@@ -207,7 +207,7 @@ def test_a_search_on_the_engine_writes_its_points_as_cells_and_its_record(engine
     deployment = engines.get("plain")
     raw = tmp_path / "raw"
     directory = raw / plan.campaign_id
-    from tasks.campaign import record_campaign
+    from tasks.campaign_state import record_campaign
 
     record_campaign(plan, spec, raw)
     path = search_deployment(
@@ -253,7 +253,7 @@ def test_the_plan_searches_every_variant_but_the_synthetic_ones_and_a_slot_waits
     from experiments.plan import plan_campaign
     from experiments.spec import parse_spec
     from specgauge.errors import SpecError
-    from tasks.campaign import deployment_done
+    from tasks.campaign_state import deployment_done
 
     repo = Path(__file__).resolve().parent.parent
     data = yaml.safe_load((repo / "experiments" / "depth-load.yaml").read_text())

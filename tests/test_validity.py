@@ -240,7 +240,7 @@ def test_sources_are_layered_server_info_over_log_over_metrics() -> None:
 
 
 def test_the_client_calibrates_against_the_emulator_and_the_warehouse_keeps_it(tmp_path: Path) -> None:
-    from tasks.campaign import record_campaign
+    from tasks.campaign_state import record_campaign
     from tasks.load.calibration import calibrate_client, calibrated, calibration_load, write_calibration
     from warehouse.ingest import ingest_raw
 

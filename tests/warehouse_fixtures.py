@@ -1,6 +1,6 @@
 """Synthetic raw artifacts in exactly the documented layout (docs/design.md), for warehouse tests and the
 warehouse benchmark. Written with the project's own writers and contract: experiments.plan (ids, variant
-order), tasks.campaign (campaign.json, run records), artifacts (layout, store, documents),
+order), tasks.campaign_state (campaign.json, run records), artifacts (layout, store, documents),
 tasks.load.records.records_frame, tasks.launch.base.Deployment.
 
 Each variant has a known speed (VariantProfile), so tests can predict speedups; the summary figures are
@@ -25,7 +25,7 @@ from experiments.plan import CampaignPlan, CellPlan, DeploymentPlan, plan_campai
 from experiments.spec import ExperimentSpec, parse_spec
 from specgauge.checkpoints import drafter_record
 from specgauge.provenance import utc_now
-from tasks.campaign import record_campaign, record_run
+from tasks.campaign_state import record_campaign, record_run
 from tasks.launch.base import Deployment
 from tasks.launch.command import served_name, vllm_args
 from tasks.load.records import RequestRecord, records_frame
@@ -114,7 +114,7 @@ T0 = "2026-11-30T16:50:00.000Z"
 @dataclass
 class RawBuilder:
     """Writes a campaign's raw tree as the campaign flow does: the plan (experiments.plan), campaign.json and
-    run records (tasks.campaign), one launch per deployment slot (`<slot>.l1`), cells and captures."""
+    run records (tasks.campaign_state), one launch per deployment slot (`<slot>.l1`), cells and captures."""
 
     raw_dir: Path
     spec: ExperimentSpec = field(default_factory=make_spec)

@@ -53,7 +53,7 @@ class ImportFacts(Document):
 
 
 class CampaignRecord(Configuration):
-    """campaign.json, written once by tasks.campaign.record_campaign. `variant_order`: the variants in
+    """campaign.json, written once by tasks.campaign_state.record_campaign. `variant_order`: the variants in
     launch order, one list per repeat (randomised by the spec's seed). It has no status: each finished run
     adds a RunRecord, and the warehouse derives the status from the latest (docs/warehouse.md). `imported`:
     set only on a campaign translated from another harness's results (tasks.imports); absent otherwise.
@@ -73,7 +73,7 @@ class CampaignRecord(Configuration):
 
 
 class RunRecord(Configuration):
-    """runs/<stamp>-<pid>-<nn>.json, one per finished run of the campaign (tasks.campaign.record_run).
+    """runs/<stamp>-<pid>-<nn>.json, one per finished run of the campaign (tasks.campaign_state.record_run).
     `failed_cells`: the cells that did not end ok in that run (cell id -> status; older records: a list)."""
 
     campaign_id: Text | None = None

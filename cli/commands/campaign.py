@@ -57,7 +57,7 @@ def prefect_server_argv(port: int) -> list[str]:
 
 
 def headline_table(title: str, rows: list[dict]) -> Table:
-    """The closing table of a campaign: one row per cell (tasks.campaign.headline_rows)."""
+    """The closing table of a campaign: one row per cell (tasks.campaign_state.headline_rows)."""
     table = Table(title=title, caption=HEADLINE_CAPTION, caption_justify="left")
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
@@ -146,7 +146,7 @@ def run_campaign_cli(
     plan = plan_campaign(experiment, label)
     check_launchable(experiment, source=str(spec_path))
 
-    from tasks import campaign as state
+    from tasks import campaign_state as state
 
     directory = state.campaign_dir(plan.campaign_id)
     # One writer per campaign: a second run of it is refused here, naming the first, before Prefect is even

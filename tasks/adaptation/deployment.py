@@ -18,7 +18,7 @@ from specgauge.provenance import utc_now
 from tasks import adapt
 from tasks.adapt import Block, PlainCaptures
 from tasks.adaptation.inputs import Inputs
-from tasks.campaign import next_launch_id
+from tasks.campaign_state import next_launch_id
 from tasks.capture import capture
 from tasks.cell import run_cell
 from tasks.health import wait_ready

@@ -13,7 +13,7 @@ from experiments.spec import ExperimentSpec, Variant, load_spec
 from specgauge.errors import InputError
 from specgauge.provenance import utc_stamp
 from specgauge.settings import get_settings
-from tasks.campaign import next_launch_id, record_campaign
+from tasks.campaign_state import next_launch_id, record_campaign
 from tasks.health import wait_ready
 from tasks.launch import deployed, launcher_for
 from tasks.profile.window import ProfileResult, WindowPlan, WorkloadInfo, profile_id_for, run_window
