@@ -25,6 +25,8 @@ from tasks.launch.local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "tests" / "data" / "specs" / "tiny.yaml")
+# As a person types it in the form (and the README's screenshot shows it): repo-relative, resolved by the flow.
+TINY_IN_REPO = "tests/data/specs/tiny.yaml"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 # A campaign through a worker waits up to 15 minutes for its flow run (the default timeout is 5).
@@ -282,7 +284,7 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
     with browser(tmp_path) as driver:
         driver.get(f"{server['ui']}/deployments/deployment/{deployment['id']}/run")
         wait_for(driver, lambda: driver.find_elements(By.XPATH, "//button[normalize-space()='Submit']"))
-        fill_text_parameter(driver, "Spec Path", TINY)
+        fill_text_parameter(driver, "Spec Path", TINY_IN_REPO)
         fill_text_parameter(driver, "Label", "from-the-browser")
         driver.save_screenshot(str(shots / "ui-run-form.png"))
         submit_form(driver, lambda: runs_labelled(server, deployment["id"], "from-the-browser"), tmp_path)
@@ -290,7 +292,7 @@ def test_a_campaign_started_from_the_form_in_a_browser_completes_and_its_report_
         run = wait_state(server, run_id, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, timeout_s=900)
         assert run["state"]["type"] == "COMPLETED", run["state"]
         request = run["parameters"]["request"]
-        assert request["spec_path"] == TINY and request["label"] == "from-the-browser"
+        assert request["spec_path"] == TINY_IN_REPO and request["label"] == "from-the-browser"
 
         driver.get(f"{server['ui']}/runs/flow-run/{run_id}?tab=Artifacts")
         time.sleep(5)  # the run page renders its tabs asynchronously; the screenshot is for the README
