@@ -63,7 +63,7 @@ CELL_SCHEMA: dict[str, Any] = {
     "tpot_p50_s": pl.Float64,
     "drafter_sha256": pl.String,
 }
-# one row per measured, successful request with vLLM's per-request acceptance (flows.adapt.cell_rows)
+# one row per measured, successful request with vLLM's per-request acceptance (tasks.adaptation.verdict.cell_rows)
 REQUEST_ROW_SCHEMA: dict[str, Any] = {
     "cell_id": pl.String,
     "head": pl.String,
