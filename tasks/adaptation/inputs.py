@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from artifacts import ids, layout
-from experiments.adaptation import Rule
+from experiments.adaptation import GAIN_METRICS, Rule
 from experiments.plan import CellPlan, resolve_repo_path
 from experiments.spec import ExperimentSpec, LoadSpec, Variant, load_spec
 from specgauge.errors import InputError
@@ -46,13 +46,15 @@ class AdaptationRequest(BaseModel):
         default=None, description="Measured requests per cell instead of the spec's."
     )
     repeats: int = Field(default=3, description="Passes over every (head, stratum) block.")
+    # The rule's parameters, with its defaults (experiments/adaptation.py checks them).
     min_effect: float = Field(
-        default=0.10, description="Minimum gain on a stratum (0.10: the interval must lie above 1.10)."
+        default=Rule.min_effect,
+        description="Minimum gain on a stratum (0.10: the interval must lie above 1.10).",
     )
-    max_harm: float = Field(default=0.05, description="Largest loss another stratum may take (0.05).")
-    gain_metric: str = Field(
-        default="throughput", description="throughput, mean_acceptance_length or tpot_p50."
+    max_harm: float = Field(
+        default=Rule.max_harm, description="Largest loss another stratum may take (0.05)."
     )
+    gain_metric: str = Field(default=Rule.gain_metric, description=f"One of {', '.join(GAIN_METRICS)}.")
     seed: int = Field(default=0, description="Seed of the block order.")
     plain_from: str | None = Field(
         default=None,
