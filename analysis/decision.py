@@ -58,31 +58,18 @@ def decision_rule(data: CampaignData) -> DecisionSpec:
     return DecisionSpec.model_validate(data.spec.get("decision") or {})
 
 
-def benefit_rule_text(
-    template: str, confidence: float, metric: str, min_effect: float, harm: float, min_success_rate: float
-) -> str:
-    """A benefit rule in words (this module's RULE): a gain interval above
-    1 + min_effect, no other stratum worse by more than `harm`, a minimum success rate."""
-    return template.format(
-        confidence=percent(confidence),
-        metric=metric,
-        threshold=1 + min_effect,
-        min_effect=min_effect,
-        harm=harm,
-        floor=1 - harm,
-        success=min_success_rate,
-    )
-
-
 def rule_text(settings: AnalysisSettings, rule: DecisionSpec | None = None) -> str:
+    """The benefit rule in words: a gain interval above 1 + min_effect, no other workload worse by more than
+    the guardrail, a minimum success rate."""
     rule = rule or DecisionSpec()
-    return benefit_rule_text(
-        RULE,
-        settings.confidence,
-        settings.gain_metric,
-        rule.min_effect,
-        rule.guardrail,
-        rule.min_success_rate,
+    return RULE.format(
+        confidence=percent(settings.confidence),
+        metric=settings.gain_metric,
+        threshold=1 + rule.min_effect,
+        min_effect=rule.min_effect,
+        harm=rule.guardrail,
+        floor=1 - rule.guardrail,
+        success=rule.min_success_rate,
     )
 
 
