@@ -107,8 +107,12 @@ def critical_path_first(request: pytest.FixtureRequest) -> None:
 # A `quiet` test's verdict rests on measured speed, and the validity check calls a cell contended when other
 # processes took more than 10% of the host's CPU (validity.max_other_cpu_share). Running last in the serial
 # group is not enough: the other worker may still be busy (CI of 2026-12-05: its share ran past the serial one
-# and the twin sweep was judged invalid, 28% taken by others). So a quiet test first waits until the host is
-# quiet, measured the way the cells measure it (tasks/metrics/host_load.py).
+# and the twin sweep was judged invalid, 28% taken by others). Waiting for a quiet moment is not enough either
+# (CI of 2026-12-05 06:33: quiet at the start, 9%, then the other worker's next tests ran beside the sweep, whose
+# EAGLE-3 cell at C=1 measured 0.94x plain, and 23% of the suite finished after it). So a quiet test holds the
+# host: it closes a gate that every other worker's test passes before it starts, waits for the test running
+# there to end, and then for the host's CPU to settle (measured the way the cells measure it,
+# tasks/metrics/host_load.py). The other worker's remaining tests run after it.
 QUIET_MAX_OTHER_SHARE = 0.10
 QUIET_WINDOW_S = 2.0
 QUIET_WINDOWS = 3  # consecutive quiet windows
@@ -134,15 +138,44 @@ def wait_until_quiet() -> tuple[float, float | None]:
     return time.monotonic() - started, last
 
 
+@pytest.fixture(scope="session")
+def host_locks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The gate and the busy lock, in the folder every xdist worker of this run shares (the parent of each
+    worker's basetemp), so that they bind the workers of one run and nothing else."""
+    shared = tmp_path_factory.getbasetemp().parent
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp()  # one process: nothing runs beside it
+    return shared / "quiet-gate.lock", shared / "quiet-busy.lock"
+
+
 @pytest.fixture(autouse=True)
-def quiet_host(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("quiet") is None:
+def quiet_host(request: pytest.FixtureRequest, host_locks: tuple[Path, Path]) -> Iterator[None]:
+    """A `quiet` test holds the host (gate and busy lock exclusive); any other test outside the serial group
+    passes the gate (shared, at once released: it only waits while a quiet test holds it) and holds the busy
+    lock shared while it runs. Tests of the serial group run on the quiet test's own worker, one at a time."""
+    gate_path, busy_path = host_locks
+    quiet = request.node.get_closest_marker("quiet") is not None
+    if not quiet and runs_serially(request.node):
+        yield
         return
-    waited, other = wait_until_quiet()
-    shown = "unknown" if other is None else f"{other:.0%}"
-    print(
-        f"quiet: waited {waited:.0f} s for the host to be quiet (others' CPU share in the last window: {shown})"
-    )
+    with open(gate_path, "a") as gate, open(busy_path, "a") as busy:
+        if quiet:
+            fcntl.flock(gate, fcntl.LOCK_EX)  # no other test starts from now on
+            fcntl.flock(busy, fcntl.LOCK_EX)  # the one running there has ended
+            waited, other = wait_until_quiet()
+            shown = "unknown" if other is None else f"{other:.0%}"
+            print(
+                f"quiet: holds the host; waited {waited:.0f} s for its CPU to settle (others' share: {shown})"
+            )
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(busy, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(busy, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session", autouse=True)

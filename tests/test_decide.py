@@ -227,6 +227,7 @@ target: {model: models/twin-target, served_model_name: twin, max_model_len: 2048
 variants:
   - {name: plain, method: none}
   - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/twin-eagle3}
+  - {name: draft-k3, method: draft_model, k: 3, draft_model: models/tiny-draft}
 workloads: [{file: workloads/smoke.jsonl, strata: [code]}]
 load: {concurrencies: [1, 8], requests: 8, warmup: 1, request_timeout_s: 120}
 sampling: {temperature: 0.0, seed: 0}
@@ -237,10 +238,13 @@ launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 
 
-# Nine engine starts of the cost twin (two for the sweep; three arms x two launches and the gate's plain control
-# for the verification, with captures): 15 minutes in the fresh-clone CI run of 2026-12-04 on 2 cores.
-# `quiet`: the sweep's choice rests on measured speed; beside the other worker's tests its EAGLE-3 cell at C=1
-# ran at 0.62x plain (CI, 2026-12-05 00:03 UTC: others at 34% of the CPU; 1.5x quiet) and the sweep said "off".
+# Ten engine starts of the cost twin (three for the sweep; three arms x two launches and the gate's plain control
+# for the verification, with captures): 15 minutes in the fresh-clone CI run of 2026-12-04 on 2 cores (then
+# without the draft model in the sweep). `quiet`: the sweep's choice rests on measured speed; beside the other
+# worker's tests its EAGLE-3 cell at C=1 ran at 0.62x plain (CI, 2026-12-05 00:03 UTC: others at 34% of the CPU;
+# 1.5x quiet) and the sweep said "off"; at 06:33 it measured 0.94x with the other worker's tests running beside
+# it after a quiet start, hence the hold on the host (conftest.py) and the draft model in the sweep (1.42x at
+# C=1 in the demo's sweep, the larger win of the two there).
 @pytest.mark.engine
 @pytest.mark.quiet
 @pytest.mark.timeout(1800)
@@ -259,7 +263,14 @@ def test_the_decision_loop_on_the_cost_twin(
     sweep = campaign(CampaignRequest(spec_path=str(spec), gate=False))
     result = decide(DecisionRequest(sweep_campaign_id=sweep["campaign_id"], sign_off=False))
     decision = result["decision"]
-    assert decision["speculative_config"]["method"] == "eagle3"
+    with reader() as con:  # what the sweep measured, shown if it chose "off"
+        swept = con.execute(
+            "SELECT variant, concurrency, round(output_throughput_tok_s, 1), round(mean_acceptance_length, 2), "
+            "round(host_other_share, 2) FROM v_cells WHERE campaign_id = ? ORDER BY concurrency, variant",
+            [sweep["campaign_id"]],
+        ).fetchall()
+    # either family: which one pays more at C=1 differs between machines of this kind (docs/decision.md)
+    assert (decision["speculative_config"] or {}).get("method") in ("eagle3", "draft_model"), swept
     assert any(k > 0 for _, _, k in decision["schedule"]), decision["schedule"]  # not off everywhere
     with reader() as con:
         rows = con.execute(
