@@ -39,9 +39,18 @@ $(ENGINE_VENV)/.stamp:
 
 # The cost twin of tiny-target and of its EAGLE-3 head (models/build_twin.py): built from the committed weights
 # (about 900 MB, not committed), checked against their recorded sha256; rebuilt only when missing or changed.
-twin: models/twin-target/.stamp
+twin: models/twin-target/.stamp models/tiny-eagle3-2layer/.stamp
 models/twin-target/.stamp: $(ENGINE_VENV)/.stamp models/build_twin.py models/tiny-target/model.safetensors models/tiny-eagle3/model.safetensors
 	$(ENGINE_VENV)/bin/python models/build_twin.py
+	touch $@
+
+# The 2-layer EAGLE-3 head of the shallow-drafters study, as training starts it (models/train_eagle3_layers.py
+# --init-only: tiny-eagle3 plus a seeded second layer that changes nothing; 9 MB, 4 s), checked by its sha256.
+HEAD_2LAYER_SHA256 = 3db8bebb47327141d7670266288b003cacdb1acb64ffb85f9238b247661d85aa
+models/tiny-eagle3-2layer/.stamp: $(ENGINE_VENV)/.stamp models/train_eagle3_layers.py models/tiny-eagle3/model.safetensors
+	$(ENGINE_VENV)/bin/python models/train_eagle3_layers.py --layers 2 --parent models/tiny-eagle3 --init-only \
+		--out models/tiny-eagle3-2layer
+	echo "$(HEAD_2LAYER_SHA256)  models/tiny-eagle3-2layer/model.safetensors" | sha256sum -c --quiet
 	touch $@
 
 system:

@@ -69,6 +69,8 @@ class CampaignData:
     history: LaunchVariance | None = None
     # every ok cell (the A/A arm's too): who else used the host's CPU while it measured (tasks/metrics/host_load)
     host_load: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # v_gpu_telemetry: per cell and GPU, or absent and why (tasks/metrics/gpu_telemetry.py; empty: older warehouse)
+    gpu_telemetry: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -267,6 +269,12 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
         request_acceptance=request_acceptance,
         history=history,
         host_load=host_load,
+        gpu_telemetry=_frame_if_present(
+            con,
+            "v_gpu_telemetry",
+            "SELECT * FROM v_gpu_telemetry WHERE campaign_id = ? ORDER BY cell_id, gpu_index",
+            [cid],
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from analysis.capacity import has_rate_sweep, q5_statement
 from analysis.charts import ChartFiles
 from analysis.data import AnalysisSettings, CampaignData
 from analysis.decision import decision_rule, rule_text
+from analysis.drafter_depth import drafter_depth_section, has_drafter_depths
 from analysis.report import (
     Column,
     Section,
@@ -28,6 +29,7 @@ from analysis.report import (
     html_table,
 )
 from analysis.results import Results
+from analysis.sampling_report import section_rows
 from analysis.stats import percent
 
 # name -> (its files, its Vega-Lite spec): the charts drawn for the page
@@ -586,6 +588,68 @@ def acceptance_section(results: Results, charts: EmbeddedCharts) -> Section:
     )
 
 
+def context_length_section(results: Results, charts: EmbeddedCharts) -> Section | None:
+    """Acceptance and speedup per prompt-length bucket (analysis.context_length), and the simulator's
+    projections for those buckets when the campaign has a simulation; None without bucketed strata."""
+    from analysis.context_length import bucket_projections, context_length_table
+
+    table = context_length_table(results.acceptance, results.speedup)
+    if table.is_empty():
+        return None
+    body = (
+        '<p class="note">Strata named <code>&lt;stratum&gt;-len-&lt;lower edge&gt;</code> are prompt-length '
+        "buckets (workloads/length_buckets.py: prompts counted by the target's tokenizer with its chat template). "
+        "Acceptance from each request's own acceptance, bootstrap over prompts; speedup: output throughput over "
+        "plain of the same bucket and load, per repeat. The warehouse's <code>v_context_length</code> has the "
+        "counters' figures per bucket.</p>"
+        + chart_or_note(charts, "context_length", "no acceptance figures for the buckets")
+        + html_table(
+            table,
+            [
+                col("variant"),
+                col("bucket_tokens", "bucket from (tokens)"),
+                col("load_label", "load"),
+                Column(
+                    "mean acc. len [CI]",
+                    lambda r: fmt_interval(
+                        r["mean_acceptance_length"],
+                        r["mean_acceptance_length_low"],
+                        r["mean_acceptance_length_high"],
+                        r["acceptance_interval"],
+                    ),
+                ),
+                Column(
+                    "acceptance rate [CI]",
+                    lambda r: fmt_interval(
+                        r["acceptance_rate"], r["acceptance_rate_low"], r["acceptance_rate_high"], None
+                    ),
+                ),
+                col("prompts"),
+                Column(
+                    "throughput x plain [CI]",
+                    lambda r: fmt_interval(
+                        r["throughput_speedup"], r["speedup_low"], r["speedup_high"], r["speedup_interval"]
+                    ),
+                ),
+            ],
+        )
+    )
+    projections = bucket_projections(results.tree_sim.projections if results.tree_sim else None)
+    if not projections.is_empty():
+        body += "<h3>The simulator's replay per bucket</h3>" + html_table(
+            projections,
+            [
+                col("shape"),
+                col("bucket_tokens", "bucket from (tokens)"),
+                col("load_label", "load"),
+                col("mean_acceptance_length", "projected mean acc. len"),
+                col("projected_speedup", "projected x plain"),
+                col("measured_speedup", "measured x plain"),
+            ],
+        )
+    return Section("context-length", "Acceptance against context length", body)
+
+
 def depth_section(results: Results, charts: EmbeddedCharts) -> Section:
     """Q3 (analysis.depth): step time against depth and the break-even tokens per step."""
     # one predictor (k) and one response (relative step time): per method and per method and workload
@@ -776,6 +840,32 @@ def gates_section(gates: pl.DataFrame) -> Section:
     )
 
 
+def sampling_check_section(view: pl.DataFrame, chart_html: str) -> Section:
+    """Correctness under sampling (v_sampling_check): each treatment's verdict, and TV per position."""
+    table = html_table(
+        pl.DataFrame(section_rows(view)),
+        [
+            col("treatment_variant", "variant"),
+            col("outcome", "verdict"),
+            col("temperature", "T"),
+            col("n_prompts", "prompts"),
+            col("samples", "samples"),
+            col("tokens", "tokens"),
+            col("rejected_prompts", "prompts differing"),
+            col("null_rejected_prompts", "plain vs plain differing"),
+            col("claim"),
+        ],
+        row_class=lambda r: "win" if r["passed"] else "flag",
+        empty="no sampling check",
+    )
+    note = (
+        '<p class="note">Per prompt: N samples of the first m tokens from plain, the variant and a second plain '
+        "launch at the same temperature; total-variation distance per position and of the whole prefix, "
+        'permutation p-values, Holm over prompts (docs/gate.md, "Under sampling").</p>'
+    )
+    return Section("sampling", "Correctness under sampling", note + table + chart_html)
+
+
 def _provenance_table(data: CampaignData, settings: AnalysisSettings, analysis: dict[str, Any]) -> str:
     """What was measured with what, and what analysed it: a two-column table."""
     campaign = data.campaign
@@ -847,6 +937,64 @@ def provenance_section(data: CampaignData, settings: AnalysisSettings, analysis:
     )
 
 
+def gpu_telemetry_section(telemetry: pl.DataFrame) -> Section:
+    """GPU telemetry per cell (v_gpu_telemetry, tasks/metrics/gpu_telemetry.py): energy, energy per output
+    token, power, peak memory, utilization and SM clock per GPU over each measured window where GPUs were
+    read; "absent (why)" for the cells where none were, never zeros."""
+    title = "GPU telemetry (energy and memory per cell)"
+    if telemetry.is_empty():
+        return Section("gpu-telemetry", title, '<p class="empty">no cells with a telemetry record</p>')
+    measured = telemetry.filter(pl.col("gpu_index").is_not_null())
+    without = telemetry.filter(pl.col("gpu_index").is_null()).group_by("telemetry_status").len()
+    notes = "".join(
+        f"<li>{r['len']} cell{'s' if r['len'] != 1 else ''}: {html.escape(_absent_words(r['telemetry_status']))}</li>"
+        for r in without.sort("telemetry_status").iter_rows(named=True)
+    )
+    table = (
+        html_table(
+            measured,
+            [
+                *_load_cols(),
+                Column("GPU", lambda r: f"{r['gpu_index']}: {r['gpu_name'] or '?'}"),
+                col("telemetry_source", "source", str),
+                col("telemetry_window_s", "window s"),
+                col("energy_j", "energy J"),
+                col("energy_counter_j", "NVML counter J"),
+                Column("mJ / output token", lambda r: fmt_num()(_milli(r["energy_per_output_token_j"]))),
+                col("mean_power_w", "mean W"),
+                col("max_power_w", "max W"),
+                Column("peak memory GiB", lambda r: fmt_num()(_gib(r["peak_memory_mib"]))),
+                col("mean_utilization_pct", "mean util %"),
+                col("mean_sm_clock_mhz", "mean SM MHz"),
+            ],
+        )
+        if not measured.is_empty()
+        else ""
+    )
+    return Section(
+        "gpu-telemetry",
+        title,
+        table
+        + (f"<p>Without GPU telemetry:</p><ul>{notes}</ul>" if notes else "")
+        + '<p class="note">Energy: power integrated over the measured window (docs/telemetry.md); per output '
+        "token over the cell's completion tokens. Absent figures are absent, not zero.</p>",
+    )
+
+
+def _absent_words(status: str) -> str:
+    """'absent: why' as 'absent (why)'; 'not recorded (...)' and 'failed: why' likewise."""
+    state, _, why = status.partition(": ")
+    return f"{state} ({why})" if why else status
+
+
+def _milli(value: Any) -> float | None:
+    return None if value is None else value * 1000
+
+
+def _gib(mib: Any) -> float | None:
+    return None if mib is None else mib / 1024
+
+
 def campaign_sections(
     data: CampaignData, results: Results, charts: EmbeddedCharts, analysis: dict[str, Any]
 ) -> list[Section]:
@@ -858,6 +1006,7 @@ def campaign_sections(
         validity_section(results.validity, results.confounds),
         speedup_section(results, charts),
         acceptance_section(results, charts),
+        *filter(None, [context_length_section(results, charts)]),  # only with prompt-length buckets
         depth_section(results, charts),
         choice_section(results),
     ]
@@ -866,7 +1015,11 @@ def campaign_sections(
     sections.append(recommendation_section(results.recommendations))
     if not results.break_even.is_empty():
         sections.append(break_even_section(results.break_even))
+    if has_drafter_depths(data):  # shallow drafters (analysis/drafter_depth.py)
+        chart = chart_or_note(charts, "drafter_depth", "no load where two drafter depths ran")
+        sections.append(drafter_depth_section(data, results.speedup, chart))
     sections += [capacity_section(data, results, charts), latency_section(charts)]
+    sections.append(gpu_telemetry_section(data.gpu_telemetry))  # per GPU, or absent and why
     if "waste" in charts:
         sections.append(
             Section("waste", "Where engine time went (profiles)", chart_or_note(charts, "waste", ""))
@@ -874,7 +1027,11 @@ def campaign_sections(
     if getattr(results, "tree_sim", None) is not None:
         tree_chart = chart_or_note(charts, "tree_sim", "no projection to draw")
         sections.append(tree_sim_section(results.tree_sim, tree_chart))
-    sections += [gates_section(data.gates), provenance_section(data, results.settings, analysis)]
+    sections.append(gates_section(data.gates))
+    if not results.sampling_check.is_empty():
+        chart = chart_or_note(charts, "sampling_check", "no sampling check to draw")
+        sections.append(sampling_check_section(results.sampling_check, chart))
+    sections.append(provenance_section(data, results.settings, analysis))
     return sections
 
 

@@ -35,6 +35,7 @@ class Results:
     confounds: pl.DataFrame = field(default_factory=pl.DataFrame)  # engine settings beyond speculation
     acceptance: pl.DataFrame = field(default_factory=pl.DataFrame)  # per-prompt acceptance intervals
     tree_sim: TreeSim | None = None  # the latest simulation (analysis/simulate); report only
+    sampling_check: pl.DataFrame = field(default_factory=pl.DataFrame)  # v_sampling_check; report only
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {key: getattr(self, key) for key in ANALYSIS_TABLES.values()}

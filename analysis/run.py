@@ -27,14 +27,17 @@ from analysis.adaptive_repeats import report_confidence
 from analysis.breakeven import break_even_table
 from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table
+from analysis.context_length import context_length_chart, context_length_table
 from analysis.crossover import crossover_table
 from analysis.data import AnalysisSettings, CampaignData, latency_quantiles, load_campaign
 from analysis.decision import decide, decision_rule, rule_text
 from analysis.depth import depth_table, step_chart_points, step_time_fits
+from analysis.drafter_depth import drafter_depth_chart
 from analysis.recommend import is_verification, recommend, verification
 from analysis.report import building, render_page, vega_bundle, write_page
 from analysis.report_sections import campaign_sections
 from analysis.results import Results
+from analysis.sampling_report import load_sampling_checks, sampling_chart
 from analysis.simulate.store import load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results
@@ -216,11 +219,13 @@ def analyze_campaign(
         latencies = latency_quantiles(con, data.campaign_id)
         tree_sim = load_tree_sim(con, data.campaign_id)
         decision = load_decision(con, data.campaign_id)
+        sampling = load_sampling_checks(con, data.campaign_id)
     # An adaptive campaign stopped on intervals at a corrected level: report those, so they keep coverage.
     settings = settings or AnalysisSettings(confidence=report_confidence(data.spec))
     results = compute(data, settings)
     results.tree_sim = tree_sim
     results.decision = decision
+    results.sampling_check = sampling
     rule = decision_rule(data)
     analysis_id = f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
     folder = Path(reports_dir or get_settings().reports_dir) / data.campaign_id
@@ -269,12 +274,15 @@ CHART_TITLES = {
     "latency": "Request latency distributions",
     "itl": "Inter-token latency: chunk gap and ITL per token",
     "acceptance_positions": "Per-position acceptance",
+    "context_length": "Acceptance against context length",
     "pareto": "Throughput against latency (Pareto)",
     "capacity_open": "Capacity curves (open loop)",
     "capacity_closed": "Capacity curves (closed loop)",
     "step_time": "Inferred step time against k",
     "waste": "Waste breakdown (profiles)",
     "tree_sim": "Trees and drafter combinations: projected speedup (offline)",
+    "sampling_check": "Correctness under sampling: TV per position",
+    "drafter_depth": "Shallow drafters: throughput over plain per drafter depth",
 }
 
 
@@ -287,12 +295,17 @@ def build_charts(data: CampaignData, results: Results, latencies: pl.DataFrame) 
         "latency": ch.request_latency_chart(latencies),
         "itl": ch.itl_chart(latencies),
         "acceptance_positions": ch.position_chart(results.per_position),
+        "context_length": context_length_chart(
+            context_length_table(results.acceptance, results.speedup), confidence
+        ),
         "pareto": ch.pareto_chart(data.cells),
         "capacity_open": ch.capacity_chart(data.capacity, "open"),
         "capacity_closed": ch.capacity_chart(data.capacity, "closed"),
         "step_time": ch.step_chart(results.step_points),
         "waste": ch.waste_chart(data.waste),
         "tree_sim": ch.tree_sim_chart(results.tree_sim.projections) if results.tree_sim else None,
+        "sampling_check": sampling_chart(results.sampling_check),
+        "drafter_depth": drafter_depth_chart(data, results.speedup),
     }
     return {name: chart for name, chart in candidates.items() if chart is not None}
 

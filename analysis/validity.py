@@ -18,6 +18,11 @@
   its cells. (The tests' campaign in CI, whose A/A gap was 34.9%, ran beside the suite's second pytest
   worker: docs/analysis.md, "Contention", has the measurement.)
 
+- **Provenance**: the two arms of each comparison (a variant or the A/A arm, and its plain) must have run
+  the same target weights, engine packages, overlays and hardware (deployment.json's `provenance`,
+  v_cells.target_digest, env_digest, overlays_digest, hardware); a difference, or a fact recorded for one
+  arm only, makes the campaign at best inconclusive, naming the field.
+
 - **Confounds**: each speculative deployment's effective engine configuration (what the engine stated it runs
   with: tasks/metrics/engine_config.py) against its plain baseline's of the same repeat and setting; every
   setting beyond speculation that differs is listed (`v_speedup.confounded` flags the pairs).
@@ -158,6 +163,37 @@ def split_blocks(data: CampaignData) -> dict[int, list[str]]:
     return {int(r): list(nodes) for r, nodes in blocks.iter_rows()}
 
 
+# What can change a result besides the variant (v_cells, migration 0018; tasks/launch/provenance.py).
+PROVENANCE_FIELDS = {
+    "target_digest": "the target's weights, config and tokenizer",
+    "env_digest": "the engine's package lock",
+    "overlays_digest": "the vLLM overlays applied",
+    "hardware": "the CPU/GPU model and driver",
+}
+
+
+def provenance_mismatches(data: CampaignData) -> list[tuple[str, str, str, list[int]]]:
+    """(variant, its plain, field, repeats) wherever the two arms of one comparison (a speculative or A/A
+    cell and its plain cell, v_against_plain.provenance_differences) ran on deployments that differ in a
+    provenance field, or where only one of them recorded it."""
+    frames = [
+        f.select("variant", "baseline_variant", "repeat", "provenance_differences")
+        for f in (data.speedup, data.aa)
+        if not f.is_empty() and "provenance_differences" in f.columns
+    ]
+    if not frames:
+        return []
+    found = (
+        pl.concat(frames)
+        .explode("provenance_differences")
+        .drop_nulls("provenance_differences")
+        .group_by("variant", "baseline_variant", "provenance_differences")
+        .agg(pl.col("repeat").unique().sort())
+        .sort("variant", "provenance_differences")
+    )
+    return [(v, b, name, list(repeats)) for v, b, name, repeats in found.iter_rows()]
+
+
 def validity_table(data: CampaignData, settings: AnalysisSettings | None = None) -> pl.DataFrame:
     """One row: the campaign's A/A figure, repeat spread, client error and whether it is valid (and why not)."""
     settings = settings or AnalysisSettings()
@@ -190,6 +226,12 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
     for repeat, nodes in split_blocks(data).items():
         reasons.append(
             f"repeat block r{repeat} ran on {len(nodes)} nodes ({', '.join(nodes)}): its speedups mix nodes"
+        )
+    for variant, baseline, name, repeats in provenance_mismatches(data):
+        verdict = "inconclusive" if verdict == "valid" else verdict
+        reasons.append(
+            f"inconclusive: {variant} and {baseline} ran with a different {name} ({PROVENANCE_FIELDS[name]}) in "
+            f"{', '.join(f'r{r}' for r in repeats)}: the comparison includes that difference"
         )
     client = data.client_calibration
     smallest = smallest_latency_difference(data)

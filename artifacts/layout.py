@@ -4,16 +4,19 @@
     RAW/<campaign_id>/runs/<stamp>-<pid>-<nn>.json                     RunRecord (one per finished run)
     RAW/<campaign_id>/deployments/<launch_id>/deployment.json          DeploymentFacts (rewritten as it runs)
                                              /engine.log, command.txt  (not read by the warehouse)
+    RAW/<campaign_id>/environments/<sha256>.txt                        an engine's `pip freeze` (once per hash)
     RAW/<campaign_id>/cells/<cell_id>.a<n>/meta.json                   CellMeta
                                           /summary.json                CellSummary
                                           /requests.parquet            REQUEST_SCHEMA, one row per request
                                           /gauges.parquet              GAUGE_SCHEMA, one row per scrape
                                           /metrics_before.txt, metrics_after.txt   the /metrics texts
+                                          /gpu_telemetry.json, gpu_samples.parquet  GPU telemetry
     RAW/<campaign_id>/captures/<capture_id>/meta.json                  CaptureMeta
                                            /outputs.parquet            OUTPUT_SCHEMA, one row per prompt
     RAW/<campaign_id>/gates/<verdict_id>.json                          GateVerdictDocument
     RAW/<campaign_id>/capacity/<search_id>.json                        CapacitySearchDocument
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
+    RAW/<campaign_id>/sampling_checks/<check_id>.json                  SamplingCheckDocument
     RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
     RAW/<campaign_id>/decisions/<decision_id>.json                     DecisionDocument (analysis.verification)
     RAW/<campaign_id>/promotions/<decision_id>.json                    PromotionDocument (tasks.promote)
@@ -55,12 +58,15 @@ REQUESTS = "requests.parquet"
 GAUGES = "gauges.parquet"
 METRICS_BEFORE = "metrics_before.txt"
 METRICS_AFTER = "metrics_after.txt"
+GPU_TELEMETRY = "gpu_telemetry.json"  # GpuTelemetryDocument (cells written since GPU telemetry)
+GPU_SAMPLES = "gpu_samples.parquet"  # GPU_SAMPLE_SCHEMA, when there were samples
 CAPTURES = "captures"
 OUTPUTS = "outputs.parquet"
 GATES = "gates"
 PROFILES = "profiles"
 CAPACITY = "capacity"
 CALIBRATION = "calibration"
+SAMPLING_CHECKS = "sampling_checks"
 ADAPTATIONS = "adaptations"
 DECISIONS = "decisions"
 PROMOTIONS = "promotions"
@@ -193,6 +199,17 @@ def deployments_dir(directory: Path) -> Path:
     return Path(directory) / DEPLOYMENTS
 
 
+ENVIRONMENTS = "environments"
+
+
+def environment_file(deployment_directory: Path, sha256: str) -> Path:
+    """Where a deployment's engine package lock is kept, once per hash: RAW/<campaign>/environments/
+    <sha256>.txt for a deployment in a campaign (deployments/<launch_id>/), else beside the deployment."""
+    directory = Path(deployment_directory)
+    owner = directory.parent.parent if directory.parent.name == DEPLOYMENTS else directory
+    return child(owner / ENVIRONMENTS, f"{sha256}.txt", "environment hash")
+
+
 def deployment_dir(directory: Path, deployment_id: str) -> Path:
     return child(deployments_dir(directory), deployment_id, "deployment id")
 
@@ -312,6 +329,21 @@ def calibration_file(directory: Path, calibration_id: str) -> Path:
 
 def calibration_files(directory: Path) -> list[Path]:
     return json_files(calibration_dir(directory))
+
+
+# ------------------------------------------------------------------------------------------- sampling checks
+
+
+def sampling_checks_dir(directory: Path) -> Path:
+    return Path(directory) / SAMPLING_CHECKS
+
+
+def sampling_check_file(directory: Path, check_id: str) -> Path:
+    return child(sampling_checks_dir(directory), f"{check_id}.json", "sampling check id")
+
+
+def sampling_check_files(directory: Path) -> list[Path]:
+    return json_files(sampling_checks_dir(directory))
 
 
 # ------------------------------------------------------------------------------------------------ adaptations

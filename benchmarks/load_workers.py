@@ -35,6 +35,7 @@ import numpy as np
 
 from emulator import EmulatorConfig, EmulatorProcess
 from experiments.spec import Sampling
+from tasks.load.records import RequestRecord
 from tasks.load.runner import LoadPlan
 from tasks.load.workers import run_load_workers
 from workloads.schema import Prompt
@@ -59,6 +60,33 @@ def prompts(tokens: int) -> list[Prompt]:
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def ttft_error_parts(
+    ok: list[RequestRecord], traces: list[list[dict]], warmup: int, t0_perf: float
+) -> tuple[list[float], list[float], list[float]]:
+    """TTFT error (measured minus injected, s) of the measured requests `ok`, and its two parts where a
+    request pairs with its emulator's trace: the emulator's lateness and the client's part (the rest).
+    `traces[i]` is the trace of worker i's emulator (W = len(traces), requests dealt round robin after the
+    `warmup`); requests pair with its arrivals in send order. Times on one host's monotonic clock."""
+    ttft_err = [r.ttft_s - TTFT_MS / 1000 for r in ok if r.ttft_s is not None]
+    late: list[float] = []
+    client: list[float] = []
+    w = len(traces)
+    for i, trace in enumerate(traces):
+        mine = [r for r in ok if (r.index - warmup) % w == i]  # worker i's requests (the deal)
+        sent = sorted(mine, key=lambda r: r.sent_s)
+        first_send = t0_perf + sent[0].sent_s if sent else 0.0
+        arrivals = sorted(
+            (t for t in trace if t.get("received") is not None and t["received"] >= first_send - 1e-4),
+            key=lambda t: t["received"],
+        )
+        for r, t in zip(sent, arrivals, strict=False):
+            if t.get("first") is None:
+                continue
+            late.append(t["first"] - t["received"] - TTFT_MS / 1000)
+            client.append(r.ttft_s - (t["first"] - t["received"]))
+    return ttft_err, late, client
 
 
 def one_run(w: int, args: argparse.Namespace, pin: bool, max_w: int) -> dict:
@@ -110,22 +138,7 @@ def one_run(w: int, args: argparse.Namespace, pin: bool, max_w: int) -> dict:
     ok = [r for r in measured if r.ok and r.ttft_s is not None]
     window = (result.measured_end_s or 0.0) - (result.measured_start_s or 0.0)
     chunks = sum(r.chunks for r in ok)
-    ttft_err = [r.ttft_s - TTFT_MS / 1000 for r in ok]
-    late: list[float] = []
-    client: list[float] = []
-    for i, trace in enumerate(traces):
-        mine = [r for r in ok if (r.index - plan.warmup) % w == i]  # worker i's requests (the deal)
-        sent = sorted(mine, key=lambda r: r.sent_s)
-        first_send = result.t0_perf + sent[0].sent_s if sent else 0.0
-        arrivals = sorted(
-            (t for t in trace if t.get("received") is not None and t["received"] >= first_send - 1e-4),
-            key=lambda t: t["received"],
-        )
-        for r, t in zip(sent, arrivals, strict=False):
-            if t.get("first") is None:
-                continue
-            late.append(t["first"] - t["received"] - TTFT_MS / 1000)
-            client.append(r.ttft_s - (t["first"] - t["received"]))
+    ttft_err, late, client = ttft_error_parts(ok, traces, plan.warmup, result.t0_perf)
     return {
         "workers": w,
         "streams": plan.concurrency,

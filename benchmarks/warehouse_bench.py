@@ -68,7 +68,7 @@ GROUP BY ALL
 """
 SPEEDUP = "SELECT * FROM v_speedup"
 # The campaign's small tables, copied inside DuckDB when the warehouse grows (keyed by cell or deployment).
-CELL_TABLES = ("cells", "spec_decode", "spec_decode_positions")
+CELL_TABLES = ("cells", "spec_decode", "spec_decode_positions", "cell_sketches")
 
 
 def _fixtures() -> Any:
@@ -222,6 +222,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100", help="warehouse sizes, in campaigns")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="first, where one ingest's seconds go (benchmarks/ingest_profile.py)",
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 
@@ -237,6 +242,8 @@ def main() -> None:
         raw_mb = folder_bytes(work / "raw") / 1e6
         console.print(f"wrote {cells} cells, {raw_mb:.0f} MB of raw artifacts in {seconds:.1f} s")
         os.sync()  # the fixture's writeback would otherwise land inside the ingest's time
+        if args.profile:
+            print_profile(builder.campaign_dir, work / "profile")
 
         db = work / "w.duckdb"
         present, next_copy, request_rows = 0, 1, 0
@@ -268,6 +275,8 @@ def main() -> None:
                 "ingest_s": ingest_s,
                 "ingest_rows_s": request_rows / ingest_s,
                 "load": load,
+                # the 1-minute average just after the ingest: mostly the ingest's own minute
+                "load_after": os.getloadavg()[0],
             }
             for name, sql, mode in (
                 ("speedup", SPEEDUP, "reader"),
@@ -290,6 +299,19 @@ def main() -> None:
 
     load_after = os.getloadavg()
     report_table(results, load_before[0], load_after[0], loads)
+
+
+def print_profile(campaign_dir: Path, folder: Path) -> None:
+    """The 1x ingest into a fresh warehouse with each step timed, as run and serial (CPU per step)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from ingest_profile import profile_ingest, profile_table
+
+    for serial in (False, True):
+        load = os.getloadavg()[0]
+        profile = profile_ingest(campaign_dir, folder / f"{serial}" / "w.duckdb", serial=serial)
+        title = f"one ingest, {'serial' if serial else 'as run'}: load average {load:.2f} before"
+        console.print(profile_table(profile, f"{title}, {os.getloadavg()[0]:.2f} after"))
+        shutil.rmtree(folder / f"{serial}")
 
 
 def report_table(
@@ -348,8 +370,8 @@ def report_table(
         console.print(ratios)
     console.print(
         f"{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, {load_after:.2f} after; "
-        f"at the end of each size {', '.join(loads)}; at each ingest "
-        + ", ".join(f"{r['size']}x: {r['load']:.2f}" for r in results)
+        f"at the end of each size {', '.join(loads)}; at each ingest (before -> after) "
+        + ", ".join(f"{r['size']}x: {r['load']:.2f} -> {r['load_after']:.2f}" for r in results)
     )
     console.print("markdown:\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for line in lines:

@@ -150,6 +150,51 @@ def workloads_validate(
         raise typer.Exit(code=1)
 
 
+@workloads_app.command("length-buckets")
+def workloads_length_buckets(
+    out: Annotated[Path, typer.Argument(help="The JSONL to write (seed format, one stratum per bucket).")],
+    edges: Annotated[
+        str | None,
+        typer.Option(
+            help="Bucket edges in prompt tokens, comma-separated; default doubling from 128 to the limit."
+        ),
+    ] = None,
+    per_bucket: Annotated[int, typer.Option(help="Prompts per bucket.")] = 4,
+    model: Annotated[
+        str, typer.Option(help="The target whose tokenizer counts tokens.")
+    ] = "models/tiny-target",
+    max_model_len: Annotated[int, typer.Option(help="The served context (tokens).")] = 2048,
+    max_tokens: Annotated[int, typer.Option(help="Each prompt's max_tokens.")] = 64,
+    stratum: Annotated[
+        str, typer.Option(help="Base of the strata names (<stratum>-len-NNNN).")
+    ] = "summarization",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Cut the long-context summarization material into prompt-length buckets (workloads/length_buckets.py)."""
+    from workloads import length_buckets as lb
+
+    try:
+        parsed = [int(e) for e in edges.split(",")] if edges else None
+    except ValueError:
+        raise SpecgaugeError(f"--edges: whole numbers of tokens separated by commas, got {edges!r}") from None
+    spec = lb.parse_bucket_spec(
+        {
+            "edges": parsed or lb.default_edges(max_model_len, max_tokens),
+            "per_bucket": per_bucket,
+            "model": model,
+            "max_model_len": max_model_len,
+            "max_tokens": max_tokens,
+            "stratum": stratum,
+            "seed": seed,
+        }
+    )
+    rows = lb.build(spec, out)
+    counts = ", ".join(
+        f"[{lo}, {hi}): {sum(r['length_bucket'][0] == lo for r in rows)}" for lo, hi in spec.buckets
+    )
+    typer.echo(f"{out}: {len(rows)} prompts, checked; buckets {counts}")
+
+
 @app.command("reap")
 def reap() -> None:
     """Stop deployments that a crashed or killed run left behind (from the deployment ledger)."""

@@ -256,6 +256,7 @@ class _Generation:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.default_max_tokens
         self.max_tokens = max(1, int(max_tokens))
         text = _prompt_text(body, endpoint)
+        self.template_options = body.get("chat_template_kwargs")  # traced: what a chat request asked of it
         self.prompt_tokens = max(1, len(text.split()))
         self.base_id = zlib.crc32(text.encode()) % 1997
         state.sequence += 1
@@ -515,6 +516,7 @@ class _Generation:
                     "last": self.last_write,
                     "tokens": self.emitted,
                     "chunks": self.chunks,
+                    "chat_template_kwargs": self.template_options,
                 }
             )
         self._leave()

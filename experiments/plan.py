@@ -172,11 +172,17 @@ def spec_digest(spec: ExperimentSpec) -> str:
             del variant["aa_control"]
         if not variant.get("hot_swap", True):
             del variant["hot_swap"]
+        if variant.get("draft_layers", 0) is None:  # added with the shallow-drafters study (issue 33)
+            del variant["draft_layers"]
     # How many blocks run at once changes when results arrive, not what is measured: a campaign resumes
     # under another setting, and specs written before the field keep their ids.
     data.pop("parallel_deployments", None)
     if data["load"].get("workers") == 1:  # one client process: how every spec ran before `load.workers`
         del data["load"]["workers"]
+    if (
+        data["load"].get("cluster", 0) is None
+    ):  # load from this host: how every spec ran before `load.cluster`
+        del data["load"]["cluster"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -7,6 +7,7 @@ a default.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -17,10 +18,13 @@ from pydantic import (
     Discriminator,
     Field,
     SecretStr,
+    SerializerFunctionWrapHandler,
     StrictInt,
     Tag,
     ValidationError,
+    field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -28,6 +32,7 @@ from experiments.loader import load_yaml, read_spec_text, shown_key
 from experiments.methods import REGISTRY, SPECULATIVE_FIELDS, MethodRegistry
 from specgauge.errors import SpecError
 from specgauge.names import check_safe_name
+from specgauge.truncation import truncated_dir
 
 # Upper bounds on every count, size and rate: far above what a real cluster campaign sets, far below what
 # makes planning or a launch hang (`repeats: 100000000` planned for minutes; `.inf` rates never end).
@@ -35,6 +40,7 @@ MAX_REPEATS = 100
 MAX_CONCURRENCY = 65_536
 MAX_REQUESTS = 1_000_000  # per cell, per capacity point, per profiled window
 MAX_K = 64  # num_speculative_tokens
+MAX_DRAFT_LAYERS = 1024  # decoder layers a truncated draft keeps
 MAX_K_RANGES = 1024  # entries of a k_schedule
 MAX_LOOKUP = 1024  # n-gram prompt lookup sizes
 MAX_RATE = 1e6  # requests/s
@@ -48,6 +54,8 @@ MAX_WORKLOADS = 256
 
 # The spec's methods (experiments/methods.py holds what each one reads, needs and runs).
 SpecMethod = REGISTRY.choice()
+# A chat template option's value (Sampling.chat_template_kwargs): a scalar, so that settings stay hashable.
+TemplateValue = bool | int | float | str
 
 
 def _number(default: Any, **constraints: Any) -> Any:
@@ -100,21 +108,67 @@ class Sampling(Strict):
         None, gt=0, le=MAX_TOKENS, description="Override every prompt's max_tokens."
     )
     ignore_eos: bool = False
+    # Kept as sorted (name, value) pairs so that a Sampling stays hashable (settings are compared as set
+    # members); written and read as a mapping.
+    chat_template_kwargs: tuple[tuple[str, TemplateValue], ...] | None = Field(
+        default=None,
+        description="Options for the chat template, sent as vLLM's `chat_template_kwargs` in every chat "
+        "request, e.g. {enable_thinking: false}. Part of the setting: a variant is compared only with plain "
+        "served with the same options (a `sampling` list sweeps them, each with its own plain).",
+    )
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def template_options_in(cls, value: Any) -> Any:
+        if value is None or isinstance(value, tuple):
+            return value
+        if not isinstance(value, dict) or not value:
+            raise ValueError(
+                "give a mapping of template option names to values, e.g. {enable_thinking: false}"
+            )
+        for name, option in value.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"option name {name!r} must be an identifier (a template variable)")
+            if not isinstance(option, bool | int | float | str):
+                raise ValueError(
+                    f"{name}: values must be true/false, numbers or strings, got {type(option).__name__}"
+                )
+        return tuple(sorted(value.items()))
+
+    @field_serializer("chat_template_kwargs")
+    def template_options_out(
+        self, value: tuple[tuple[str, TemplateValue], ...] | None
+    ) -> dict[str, Any] | None:
+        return None if value is None else dict(value)
+
+    @model_serializer(mode="wrap")
+    def _unset_options_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Without template options every dump (the spec's digest, a cell's sampling and its key) is what it
+        # was before the field existed: campaigns keep their ids and cells stay paired with older ones.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("chat_template_kwargs", 0) is None:
+            del data["chat_template_kwargs"]
+        return data
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     @property
+    def template_options(self) -> dict[str, TemplateValue]:
+        """The chat template options as the request body carries them ({} when none)."""
+        return dict(self.chat_template_kwargs or ())
+
+    @property
     def label(self) -> str:
-        """A short, readable name: `greedy`, or the settings that differ from vLLM's defaults."""
-        if self.greedy:
-            return "greedy"
-        parts = [f"T={self.temperature:g}"]
-        if self.top_p < 1.0:
+        """A short, readable name: `greedy`, or the settings that differ from vLLM's defaults, then the
+        chat template options."""
+        parts = ["greedy"] if self.greedy else [f"T={self.temperature:g}"]
+        if not self.greedy and self.top_p < 1.0:
             parts.append(f"top_p={self.top_p:g}")
-        if self.top_k not in (None, -1):
+        if not self.greedy and self.top_k not in (None, -1):
             parts.append(f"top_k={self.top_k}")
+        parts += [f"{name}={json.dumps(value)}" for name, value in self.chat_template_kwargs or ()]
         return " ".join(parts)
 
 
@@ -148,6 +202,14 @@ class Variant(Strict):
         default=None, description="Drafter checkpoint of draft_model, dspark, dflash (and optionally mtp)."
     )
     draft_tensor_parallel_size: int | None = _number(None, gt=0, le=MAX_PARALLEL)
+    draft_layers: int | None = _number(
+        None,
+        gt=0,
+        le=MAX_DRAFT_LAYERS,
+        description="Serve draft_model cut to its first N decoder layers (method draft_model, local launcher): "
+        "built once under SPECGAUGE_HOME/cache/drafters/truncated/ and hashed like any drafter "
+        "(tasks/drafters/truncate.py).",
+    )
     prompt_lookup_min: int | None = _number(None, gt=0, le=MAX_LOOKUP)
     prompt_lookup_max: int | None = _number(None, gt=0, le=MAX_LOOKUP)
     eagle_head: str | None = Field(default=None, description="EAGLE-3 head checkpoint (method eagle3).")
@@ -197,6 +259,11 @@ class Variant(Strict):
     @model_validator(mode="after")
     def consistent(self) -> Variant:
         method = self.methods[self.method]
+        if self.draft_layers is not None and (self.method != "draft_model" or not self.draft_model):
+            raise ValueError(
+                f"draft_layers: only a draft_model variant with its draft_model can be truncated, "
+                f"not method {self.method!r}"
+            )
         if self.hot_swap and not method.hot_swap:
             raise ValueError(
                 f"hot_swap: only an {self.methods.hot_swappable()} variant can swap its head, "
@@ -242,7 +309,10 @@ class Variant(Strict):
 
     @property
     def drafter(self) -> str | None:
-        """The drafter checkpoint's path as written in the spec (None: no checkpoint, e.g. ngram)."""
+        """The drafter checkpoint's path as written in the spec (None: no checkpoint, e.g. ngram); with
+        draft_layers, the truncated checkpoint's (specgauge.truncation), which the engine serves."""
+        if self.draft_layers is not None and self.draft_model:
+            return str(truncated_dir(self.draft_model, self.draft_layers))
         return self.methods[self.method].drafter(self)
 
     def speculative_config(self) -> dict[str, Any] | None:
@@ -251,6 +321,8 @@ class Variant(Strict):
         config = self.methods[self.method].engine_config(self)
         if config is None:
             return None
+        if self.draft_layers is not None:
+            config["model"] = self.drafter
         if self.k_schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.k_schedule]
         if self.synthetic_acceptance_length is not None:
@@ -280,10 +352,160 @@ def check_k_schedule(schedule: tuple[tuple[int, int, int], ...], k: int) -> None
 
 
 class WorkloadRef(Strict):
+    """A corpus and the strata to run. `length_buckets: [128, 512]` (lower edges in tokens) picks those
+    buckets of a corpus built by workloads/length_buckets.py: it becomes `strata: [summarization-len-0128,
+    summarization-len-0512]` before validation, so it changes no campaign id beyond the strata it names."""
+
     file: str
     strata: tuple[str, ...] | None = Field(
         default=None, description="Strata to run; default all in the file."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def length_buckets_as_strata(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "length_buckets" not in data:
+            return data
+        from workloads.length_buckets import bucket_stratum
+
+        data = dict(data)
+        edges = data.pop("length_buckets")
+        if data.get("strata") is not None:
+            raise ValueError("length_buckets: give the buckets or the strata, not both")
+        if not isinstance(edges, list | tuple) or not edges:
+            raise ValueError("length_buckets: give a list of bucket lower edges in tokens, e.g. [128, 512]")
+        if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < 10**6 for e in edges):
+            raise ValueError(f"length_buckets: each lower edge must be a whole number of tokens, got {edges}")
+        data["strata"] = [bucket_stratum("summarization", e) for e in edges]
+        return data
+
+
+class _LoadClusterBase(Strict):
+    """What every kind of load cluster shares (tasks/load/dask_clusters.py, docs/scale-out.md)."""
+
+    workers_per_host: int = _number(
+        1, gt=0, le=MAX_PARALLEL, description="Dask worker processes per host; each runs one share of a cell."
+    )
+    max_clock_offset_ms: float = _number(
+        100.0,
+        gt=0,
+        le=3_600_000,
+        description="Largest clock offset a host may have against the scheduler; beyond it the cell fails "
+        "naming the host (its clock is not kept in sync: it may step during the cell).",
+    )
+    max_clock_uncertainty_ms: float = _number(
+        10.0,
+        gt=0,
+        le=60_000,
+        description="Largest uncertainty of a host's measured offset (half the round trip of its best of 8 "
+        "exchanges with the scheduler): how far apart the hosts may begin the cell's schedule.",
+    )
+    start_timeout_s: float = _number(
+        300.0, gt=0, le=MAX_SECONDS, description="Seconds to wait for the cluster's workers to join."
+    )
+
+
+class LocalLoadCluster(_LoadClusterBase):
+    """distributed.LocalCluster on this machine: `workers_per_host` worker processes."""
+
+    kind: Literal["local"] = "local"
+
+
+class SlurmLoadCluster(_LoadClusterBase):
+    """dask-jobqueue's SLURMCluster: `hosts` batch jobs, each one host's `workers_per_host` worker processes.
+    Jobs are submitted with the sbatch on this machine's PATH (run the flow on the login node)."""
+
+    kind: Literal["slurm"] = "slurm"
+    hosts: int = _number(1, gt=0, le=MAX_PARALLEL, description="SLURM jobs, one per host.")
+    partition: str | None = Field(
+        default=None, description="SLURM partition (sbatch -p); default the cluster's."
+    )
+    account: str | None = None
+    cores: int = _number(1, gt=0, le=MAX_PARALLEL, description="CPU cores per job.")
+    memory: str = Field(default="2GB", description="Memory per job, as Dask writes it (e.g. 2GB, 500MB).")
+    walltime: str = Field(default="01:00:00", description="SLURM time limit per job ([D-]HH:MM:SS).")
+    job_extra: tuple[str, ...] = Field(default=(), description="Extra #SBATCH options, e.g. --exclusive.")
+    python: str | None = Field(
+        default=None, description="The Python on the nodes (with specgauge installed); default this one's."
+    )
+
+    @field_validator("partition", "account")
+    @classmethod
+    def safe_slurm_name(cls, value: str | None) -> str | None:
+        return None if value is None else _safe_name(value, "SLURM partition/account")
+
+    @field_validator("walltime")
+    @classmethod
+    def slurm_time(cls, value: str) -> str:
+        if not _SLURM_TIME.fullmatch(value):
+            raise ValueError(f"walltime {value!r} is not a SLURM time ([D-]HH:MM:SS, MM:SS or minutes)")
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def dask_memory(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)", value):
+            raise ValueError(f"memory {value!r} is not a size such as 2GB or 500MiB")
+        return value
+
+    @field_validator("job_extra")
+    @classmethod
+    def sbatch_options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for option in value:
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._:,/+@=%-]+)?", option):
+                raise ValueError(
+                    f"job_extra {option!r} is not an sbatch option such as --exclusive or --qos=x"
+                )
+        return value
+
+
+class SSHLoadCluster(_LoadClusterBase):
+    """distributed.SSHCluster: the scheduler on `scheduler_host`, `workers_per_host` worker processes on each
+    of `hosts`, reached over SSH with a ClusterSSHBlock's user, key and port (`ssh`), or with `user`, `port`
+    and a key file from `key_path` or the environment (SPECGAUGE_DASK_SSH_KEY). Keys are never logged."""
+
+    kind: Literal["ssh"] = "ssh"
+    hosts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PARALLEL, description="Worker hosts.")
+    scheduler_host: str | None = Field(
+        default=None, description="Where the scheduler runs; default hosts[0]."
+    )
+    ssh: str | None = Field(default=None, description="Name of a ClusterSSHBlock (user, key, port).")
+    user: str | None = Field(default=None, description="SSH user; default the block's, else $USER.")
+    port: int = _number(22, gt=0, lt=65536)
+    key_path: str | None = Field(
+        default=None, description="Private key file; default SPECGAUGE_DASK_SSH_KEY."
+    )
+    known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts.")
+    python: str | None = Field(
+        default=None, description="The Python on the hosts (with specgauge installed); default this one's."
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def host_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:_-]*", host):
+                raise ValueError(f"host {host!r}: only letters, digits and . : _ - in a host name or address")
+        return value
+
+
+class AddressLoadCluster(_LoadClusterBase):
+    """A Dask scheduler that is already running (its workers started by whoever runs it)."""
+
+    kind: Literal["address"] = "address"
+    address: str = Field(description="The scheduler's address, e.g. tcp://10.0.0.5:8786.")
+
+    @field_validator("address")
+    @classmethod
+    def scheduler_address(cls, value: str) -> str:
+        if not re.fullmatch(r"(tcp|tls|ucx|inproc)://[^\s/]+", value):
+            raise ValueError(f"address {value!r} is not a Dask scheduler address such as tcp://host:8786")
+        return value
+
+
+LoadCluster = Annotated[
+    LocalLoadCluster | SlurmLoadCluster | SSHLoadCluster | AddressLoadCluster, Field(discriminator="kind")
+]
 
 
 class LoadSpec(Strict):
@@ -321,6 +543,20 @@ class LoadSpec(Strict):
         "splits C, open loop superposes seeded Poisson streams of rate/W; auto: from the cell's expected "
         "chunk rate and the client's measured chunks per CPU-second, capped by the cores.",
     )
+    cluster: LoadCluster | None = Field(
+        default=None,
+        description="Generate each cell's load on a Dask cluster (local, slurm, ssh or an existing address): "
+        "one share per worker process, started at one barrier across hosts (docs/scale-out.md).",
+    )
+
+    @model_validator(mode="after")
+    def one_way_to_split(self) -> LoadSpec:
+        if self.cluster is not None and self.workers != 1:
+            raise ValueError(
+                "workers: leave it at 1 with load.cluster (the cluster's hosts x workers_per_host processes "
+                "share each cell)"
+            )
+        return self
 
     def requests_at(self, concurrency: int | None) -> int:
         """Measured requests of a cell at this concurrency (None: an open-loop cell)."""
@@ -347,6 +583,26 @@ class CaptureSpec(Strict):
         ge=0,
         le=MAX_REPEATS,
         description="Extra, separately launched plain deployments (cross-deployment control).",
+    )
+
+
+class SamplingCheckSpec(Strict):
+    """Correctness under sampling (analysis/sampling_check.py, docs/gate.md "Under sampling"): per prompt,
+    `samples` draws of the first `tokens` tokens from plain, a second plain launch and each listed variant, at
+    `temperature` (top_p 1, a seed per sample), compared by total-variation distance with a permutation null."""
+
+    enabled: bool = True
+    samples: int = _number(64, ge=2, le=MAX_REQUESTS, description="Samples per prompt and arm (vLLM's `n`).")
+    tokens: int = _number(4, gt=0, le=64, description="The first m generated tokens compared.")
+    temperature: float = _number(0.8, gt=0, le=5)
+    prompts: int = _number(8, gt=0, le=MAX_REQUESTS, description="The capture corpus's first N prompts.")
+    variants: tuple[str, ...] | None = Field(
+        default=None, description="Speculative variants checked; default every speculative variant."
+    )
+    alpha: float = _number(0.05, gt=0, lt=1, description="Family-wise level over prompts (Holm).")
+    permutations: int = _number(2000, ge=99, le=100_000)
+    max_critical_tv: float = _number(
+        0.4, gt=0, le=1, description="Inconclusive when a position needs a larger TV to be rejected."
     )
 
 
@@ -875,6 +1131,9 @@ class ExperimentSpec(Strict):
     capacity: CapacitySpec | None = Field(
         default=None, description="Search each variant's capacity under the slo limits (open loop)."
     )
+    sampling_check: SamplingCheckSpec | None = Field(
+        default=None, description="Correctness under sampling, after the gate (docs/gate.md)."
+    )
     validity: ValiditySpec = ValiditySpec()
     decision: DecisionSpec = DecisionSpec()
     analysis: AnalysisSpec = AnalysisSpec()
@@ -963,6 +1222,14 @@ class ExperimentSpec(Strict):
             if unknown:
                 raise ValueError(
                     f"capacity.variants {', '.join(unknown)} are not variants ({', '.join(names)})"
+                )
+        checked = self.sampling_check.variants if self.sampling_check is not None else None
+        if checked:
+            plain_names = [v.name for v in self.variants if not v.speculative]
+            bad = [n for n in checked if n not in names or n in plain_names]
+            if bad:
+                raise ValueError(
+                    f"sampling_check.variants {', '.join(bad)} are not speculative variants ({', '.join(names)})"
                 )
         if self.profile is not None:
             profiled = next((v for v in self.variants if v.name == self.profile.variant), None)

@@ -40,6 +40,7 @@ from flows.profile import earlier_profile
 from flows.profile import profile as profile_flow
 from flows.progress import ArtifactProgress, cell_artifact
 from flows.retry import is_transient
+from flows.sampling_check import sampling_check as sampling_check_flow
 from specgauge import progress
 from specgauge.provenance import utc_now
 from specgauge.settings import REPO_ROOT
@@ -417,6 +418,8 @@ def _run_planned(
         result["gates"] = gate_campaign(
             campaign_id=plan.campaign_id, directory=str(directory), pairs=plan.gate
         )
+    if experiment.sampling_check is not None and experiment.sampling_check.enabled:
+        result["sampling_checks"] = sampling_check_flow(experiment, plan.campaign_id, str(directory))
     if ingest:  # once, after the gate: its verdicts are raw artifacts too
         result["ingest"] = ingest_flow(raw_dir=str(directory.parent), campaign_id=plan.campaign_id)
     if ingest and analyze:

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,14 @@ from specgauge.provenance import host_facts, tool_facts, utc_now
 from tasks.drafters.swap import current_drafter
 from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
+from tasks.load.dask_clusters import shared_client
+from tasks.load.dask_load import run_load_dask
 from tasks.load.records import RequestRecord, records_frame
 from tasks.load.runner import LoadPlan, run_load
 from tasks.load.workers import resolve_workers, run_load_workers
 from tasks.metrics import host_load
 from tasks.metrics.gauges import GaugeSampler
+from tasks.metrics.gpu_telemetry import GpuTelemetry
 from tasks.metrics.prometheus import (
     SpecDelta,
     ascrape,
@@ -76,6 +79,7 @@ class _Window:
         self.before_at: float | None = None  # perf_counter when each scrape answered
         self.after_at: float | None = None
         self.problems: list[str] = []
+        self.gpu = GpuTelemetry.for_launcher(deployment.launcher)  # GPUs over the window (docs/telemetry.md)
 
     async def _scrape(self) -> str | None:
         try:
@@ -87,8 +91,10 @@ class _Window:
     async def open(self) -> None:
         self.before = await self._scrape()
         self.before_at = time.perf_counter()
+        self.gpu.start()
 
     async def close(self) -> None:
+        self.gpu.stop()
         self.after_at = time.perf_counter()
         self.after = await self._scrape()
 
@@ -113,9 +119,11 @@ async def _measure(
     records: list[RequestRecord],
     on_record: Callable[[RequestRecord], None] | None,
     workers: int = 1,
+    cluster_facts: dict[str, Any] | None = None,
 ) -> tuple[Any, _Window, pl.DataFrame, int]:
     window = _Window(deployment)
     t0 = time.perf_counter()
+    cluster_facts = {} if cluster_facts is None else cluster_facts
 
     def keep(record: RequestRecord) -> None:
         records.append(record)
@@ -123,6 +131,28 @@ async def _measure(
             on_record(record)
 
     authorization = deployment.authorization()  # Bearer api key, or Basic from the endpoint URL's userinfo
+    if load.cluster is not None:  # a share per worker of a Dask cluster, across hosts (tasks/load/dask_load)
+        client = await asyncio.to_thread(shared_client, load.cluster)  # opened once, kept for the next cells
+        async with _gauge_sampler(deployment, load, t0) as sampler:
+            result = await run_load_dask(
+                client,
+                deployment.base_url,
+                deployment.served_model_name,
+                prompts,
+                plan,
+                sampling,
+                authorization=authorization,
+                timeout_s=load.request_timeout_s,
+                before_measured=window.open,
+                after_measured=window.close,
+                on_record=keep,
+                t0=t0,
+                max_clock_offset_ms=load.cluster.max_clock_offset_ms,
+                max_clock_uncertainty_ms=load.cluster.max_clock_uncertainty_ms,
+                start_timeout_s=load.cluster.start_timeout_s,
+                facts=cluster_facts,  # filled as soon as known: a failed cell records its hosts too
+            )
+            return result, window, sampler.frame(), sampler.failures
     if workers > 1:  # the streams split over worker processes, each with its own client (tasks/load/workers)
         async with _gauge_sampler(deployment, load, t0) as sampler:
             result = await run_load_workers(
@@ -224,6 +254,7 @@ class _Measured:
     gauges: pl.DataFrame
     gauge_failures: int = 0
     result: Any = None  # the load run's result; None when it did not finish
+    cluster: dict[str, Any] = field(default_factory=dict)  # where a load.cluster's load ran (dask_load)
     cpu: host_load.HostShares | None = None
     error: str | None = None
     interrupted: BaseException | None = None
@@ -237,6 +268,19 @@ def _workers(
     except (RuntimeError, OSError) as exc:  # `auto` could not measure the client: one process, as before
         log.warning("cell %s: workers auto could not be resolved (%s); using one process", cell.cell_id, exc)
         return 1
+
+
+def _workers_used(measured: _Measured, workers: int) -> int:
+    """The cell's client processes: the Dask shares of a cluster's load, else the resolved `load.workers`."""
+    return int(measured.cluster["workers"]) if "workers" in measured.cluster else workers
+
+
+def _cluster_facts(load: LoadSpec, measured: _Measured) -> dict[str, Any]:
+    """Where a cluster's load ran, for the meta: the kind, the scheduler, each host's workers and clock offset
+    against the scheduler (tasks/load/dask_load.py), as far as the cell got; nothing for this host's load."""
+    if load.cluster is None:
+        return {}
+    return {"cluster": {"kind": load.cluster.kind, **measured.cluster}}
 
 
 def _measure_cell(
@@ -264,7 +308,17 @@ def _measure_cell(
     cpu_before = host_load.snapshot()
     try:
         measured.result, measured.window, measured.gauges, measured.gauge_failures = asyncio.run(
-            _measure(deployment, prompts, plan, sampling, load, measured.records, on_record, workers)
+            _measure(
+                deployment,
+                prompts,
+                plan,
+                sampling,
+                load,
+                measured.records,
+                on_record,
+                workers,
+                measured.cluster,
+            )
         )
         measured.records = measured.result.records
         measured.cpu = host_load.shares(cpu_before, host_load.snapshot())
@@ -423,7 +477,8 @@ def run_cell(
                 "time_cap_s": load.time_cap_s,
                 "request_timeout_s": load.request_timeout_s,
                 "seed": seed,
-                "workers": workers,
+                "workers": _workers_used(measured, workers),
+                **_cluster_facts(load, measured),
             },
             "sampling": sampling.model_dump(mode="json"),
             "endpoint": "chat",
@@ -443,6 +498,7 @@ def run_cell(
         write_json(tmp / layout.SUMMARY, summary)
         frame.write_parquet(tmp / layout.REQUESTS)
         measured.gauges.write_parquet(tmp / layout.GAUGES)
+        window.gpu.write(tmp)  # gpu_telemetry.json: its figures, or absent and why
         (tmp / layout.METRICS_BEFORE).write_text(window.before or "")
         (tmp / layout.METRICS_AFTER).write_text(window.after or "")
     if measured.interrupted is not None:

@@ -313,6 +313,9 @@ class RawBuilder:
                 "error": None,
                 "token_ids": None,
                 "text": None,
+                # per-request acceptance: null, as records_frame leaves it for requests without it
+                **dict.fromkeys(("spec_steps", "spec_draft_tokens", "spec_accepted_tokens")),
+                "spec_acceptance_histogram": None,
             },
             schema=REQUEST_SCHEMA,
         )

@@ -230,8 +230,8 @@ def _columns(
 @dataclass
 class ReadParts:
     """What `read_parquet_parts` read: each part's rows (or its problem) and, when every file was read in one
-    call, the whole frame those rows are consecutive slices of (one chunk per column), so that a batch
-    needs no concatenation or copy before validating and writing it."""
+    call, the whole frame those rows are consecutive slices of (one chunk per file), so that a batch needs
+    no concatenation or copy before validating and writing it."""
 
     results: list[pl.DataFrame | ArtifactInvalid]
     whole: pl.DataFrame | None = None
@@ -281,7 +281,10 @@ def _read_together(model: Model, parts: Sequence[ParquetPart]) -> ReadParts:
         keys.gather(np.repeat(np.arange(len(files)), counts)),
         *_columns(combined.columns, first.columns, first.optional),
     )
-    combined = conform(combined, model, first.file).rechunk()
+    # Not rechunked: the frame keeps one chunk per file (the writer's Parquet encoder and the checks take
+    # chunks as they come); a copy of every request row into one chunk cost 0.2-0.4 CPU-s per million rows,
+    # most of it the kernel's, faulting in fresh pages (docs/performance.md "Warehouse").
+    combined = conform(combined, model, first.file)
     rows_of = dict(zip(files, counts, strict=True))
     out: list[pl.DataFrame | ArtifactInvalid] = []
     offset = 0

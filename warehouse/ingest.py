@@ -40,7 +40,7 @@ from pandera.polars import DataFrameModel
 from artifacts import layout
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
-from warehouse import parts
+from warehouse import parts, sketches
 from warehouse.db import default_path, replacing, writer
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import (
@@ -427,9 +427,10 @@ def _validated(kind: ArtifactKind, batch: _Batch) -> _Batch:
         item.rows = rows.get(item.ref.key, 0)
     # Converted here, in the reading thread, not by the writer: one chunk per column (not one per
     # artifact) makes the Arrow export a few calls instead of thousands that each need the GIL. The
-    # Arrow tables share the rechunked frames' buffers.
-    batch.frames = {t: f.rechunk() for t, f in frames.items()}
-    batch.arrow = {t: f.to_arrow() for t, f in batch.frames.items() if f.height}
+    # Arrow tables share the rechunked frames' buffers. Parted tables (request rows) go to Parquet through
+    # polars, which takes them chunked: neither copied into one chunk nor exported (docs/performance.md).
+    batch.frames = {t: f if t in kind.parted else f.rechunk() for t, f in frames.items()}
+    batch.arrow = {t: f.to_arrow() for t, f in batch.frames.items() if f.height and t not in kind.parted}
     return batch
 
 
@@ -654,6 +655,8 @@ def _write(
                 written += _write_parts(root, kind, table, items, frame, ingest_id)
             else:
                 _insert(con, table, (arrow or {}).get(table, frame))
+        # The batch's cells' latency sketches, in their transaction (warehouse.sketches): a cell kind's only.
+        sketches.insert(con, frames.get("requests"))
         if written:
             assert root is not None
             parts.record(con, root, written)

@@ -35,7 +35,10 @@ SELECT
     c.host_cpus, c.host_busy_share, c.host_ours_share, c.host_other_share,
     coalesce(json_extract(c.variant_config, '$.aa_control')::BOOLEAN, false) AS aa_control,
     -- the deployment's effective engine configuration beyond speculation (tasks/metrics/engine_config.py)
-    json_extract_string(d.extra, '$.effective_key') AS effective_key
+    json_extract_string(d.extra, '$.effective_key') AS effective_key,
+    -- what else can change a result, from the deployment (migration 0018, tasks/launch/provenance.py):
+    -- NULL where the deployment recorded it as absent (a cluster node, an endpoint) or predates it
+    d.target_digest, d.env_digest, d.overlays_digest, d.hardware
 FROM latest_ok c
 JOIN attempts a USING (campaign_id, cell_id)
 LEFT JOIN deployments d ON d.deployment_id = c.deployment_id
@@ -61,7 +64,15 @@ SELECT
     s.server_valid AND b.server_valid AS server_valid,
     -- true: the engine ran with other settings than plain's beyond speculation (a confound; NULL: unknown)
     CASE WHEN s.effective_key IS NULL OR b.effective_key IS NULL THEN NULL
-         ELSE s.effective_key <> b.effective_key END AS confounded
+         ELSE s.effective_key <> b.effective_key END AS confounded,
+    -- the provenance fields in which the two arms' deployments differ (recorded on one side only counts,
+    -- absent on both does not): analysis.validity names them in the verdict's reasons
+    list_filter([
+        CASE WHEN s.target_digest IS DISTINCT FROM b.target_digest THEN 'target_digest' END,
+        CASE WHEN s.env_digest IS DISTINCT FROM b.env_digest THEN 'env_digest' END,
+        CASE WHEN s.overlays_digest IS DISTINCT FROM b.overlays_digest THEN 'overlays_digest' END,
+        CASE WHEN s.hardware IS DISTINCT FROM b.hardware THEN 'hardware' END
+    ], lambda x: x IS NOT NULL) AS provenance_differences
 FROM v_cells s
 JOIN v_cells b
   ON b.method = 'none' AND NOT b.aa_control
@@ -117,6 +128,33 @@ SELECT
 FROM v_cells v
 JOIN spec_decode_positions p USING (cell_key)
 WHERE v.method <> 'none' AND v.server_valid IS NOT FALSE;
+
+-- Acceptance and speedup against context length (issue 33): the speculative cells of prompt-length buckets,
+-- strata named `<stratum>-len-<lower edge in tokens>` (workloads/length_buckets.py), one row per campaign,
+-- variant, bucket and load over the repeats: the counters summed, the rate and mean length from the sums, the
+-- mean prompt tokens the server counted, and the geometric mean of the cells' throughput ratios over plain.
+CREATE OR REPLACE VIEW v_context_length AS
+WITH bucketed AS (
+    SELECT a.*, v.prompt_tokens, v.requests_ok,
+        regexp_extract(a.workload, '^(.+)-len-([0-9]{4,})$', 1) AS base_stratum,
+        CAST(regexp_extract(a.workload, '^(.+)-len-([0-9]{4,})$', 2) AS INTEGER) AS bucket_tokens
+    FROM v_acceptance a
+    JOIN v_cells v USING (campaign_id, cell_id)
+    WHERE regexp_full_match(a.workload, '.+-len-[0-9]{4,}')
+)
+SELECT
+    b.campaign_id, b.variant, b.method, b.k, b.base_stratum, b.bucket_tokens, b.workload,
+    b.load_label, b.load_mode, b.concurrency, b.rate,
+    count(*) AS cells,
+    sum(b.prompt_tokens) / NULLIF(sum(b.requests_ok), 0) AS mean_prompt_tokens,
+    sum(b.drafts) AS drafts, sum(b.draft_tokens) AS draft_tokens, sum(b.accepted_tokens) AS accepted_tokens,
+    sum(b.accepted_tokens) / NULLIF(sum(b.draft_tokens), 0) AS acceptance_rate,
+    1 + sum(b.accepted_tokens) / NULLIF(sum(b.drafts), 0) AS mean_acceptance_length,
+    exp(avg(ln(s.throughput_speedup)) FILTER (WHERE s.throughput_speedup > 0)) AS throughput_speedup,
+    count(s.throughput_speedup) FILTER (WHERE s.throughput_speedup > 0) AS speedup_repeats
+FROM bucketed b
+LEFT JOIN v_speedup s ON s.campaign_id = b.campaign_id AND s.cell_id = b.cell_id
+GROUP BY ALL;
 
 -- Serving capacity per campaign, variant, workload and load (open-loop rate or closed-loop concurrency),
 -- over repeats: achieved throughput, goodput, tail latency and whether every repeat met the campaign's SLO.
@@ -175,6 +213,33 @@ SELECT
         PARTITION BY g.campaign_id, g.treatment_variant ORDER BY g.created_utc DESC, g.verdict_id DESC
     ) AS verdict_rank
 FROM gate_verdicts g;
+
+-- Correctness under sampling (docs/gate.md "Under sampling"): one row per check, arm ('treatment': plain vs
+-- the variant; 'null': plain vs a second plain launch) and position (0..m-1; -1 the whole m-token prefix): the
+-- mean TV over prompts, the mean TV chance alone gives (permutations) and the mean critical TV (what a prompt
+-- needs to be rejected), the band the report draws; prompts rejected after Holm; the check's verdict.
+-- `check_rank` 1 is the latest check per campaign and treatment.
+CREATE OR REPLACE VIEW v_sampling_check AS
+WITH ranked AS (
+    SELECT
+        *,
+        row_number() OVER (
+            PARTITION BY campaign_id, treatment_variant ORDER BY created_utc DESC, check_id DESC
+        ) AS check_rank
+    FROM sampling_checks
+)
+SELECT
+    s.campaign_id, s.treatment_variant, s.check_id, s.method, s.outcome, s.passed, s.claim, s.reasons,
+    s.temperature, s.samples, s.tokens, s.n_prompts, s.rejected_prompts, s.null_rejected_prompts, s.alpha,
+    s.correction, s.created_utc, s.check_rank, r.arm, r.position,
+    avg(r.tv) AS mean_tv,
+    max(r.tv) AS max_tv,
+    avg(r.null_tv_mean) AS mean_null_tv,
+    avg(r.critical_tv) AS mean_critical_tv,
+    min(r.p_value) AS min_p_value,
+    count(DISTINCT r.prompt_id) FILTER (WHERE r.rejected) AS rejected_in_arm
+FROM ranked s JOIN sampling_check_rows r USING (check_key)
+GROUP BY ALL;
 
 -- One row per successfully profiled window: what share of measured engine time went to draft tokens that
 -- were rejected (wasted_share), and the rest of the split. The latest window per (campaign, variant, load,
@@ -281,3 +346,120 @@ SELECT
     s.concurrency, s.rate, s.metric, s.estimate, s.ci_low, s.ci_high, s.n_repeats AS n, s.interval,
     s.interval_excludes_one
 FROM analysis_speedup s;
+
+-- GPU telemetry per cell (tasks/metrics/gpu_telemetry.py, docs/telemetry.md): one row per cell of v_cells (its
+-- latest ok attempt) and GPU. A cell without GPUs has one row with a NULL gpu_index and `telemetry_status`
+-- saying why ('absent: no NVML (...) and no nvidia-smi on PATH'): its figures are NULL, never zeros; a cell
+-- written before telemetry says 'not recorded'. Energy per output token: the window's energy over the cell's
+-- completion tokens (successful measured requests); `cell_energy_j` sums the GPUs.
+CREATE OR REPLACE VIEW v_gpu_telemetry AS
+SELECT
+    c.campaign_id, c.cell_id, c.attempt, c.cell_key, c.variant, c.method, c.k, c.repeat, c.workload,
+    c.load_label, c.concurrency, c.rate, c.launcher, c.completion_tokens, c.output_throughput_tok_s,
+    coalesce(w.state, 'not recorded') AS telemetry_state,
+    coalesce(w.telemetry_status, 'not recorded (the cell was written before GPU telemetry)') AS telemetry_status,
+    w.source AS telemetry_source, w.interval_s AS telemetry_interval_s, w.window_s AS telemetry_window_s,
+    w.gpus, w.energy_j AS cell_energy_j, w.energy_j / nullif(c.completion_tokens, 0) AS cell_energy_per_token_j,
+    g.gpu_index, g.gpu_name, g.samples, g.energy_j, g.energy_counter_j,
+    g.energy_j / nullif(c.completion_tokens, 0) AS energy_per_output_token_j,
+    g.mean_power_w, g.max_power_w, g.peak_memory_mib, g.mean_memory_mib, g.mean_utilization_pct,
+    g.mean_sm_clock_mhz, g.first_sample_s, g.last_sample_s
+FROM v_cells c
+LEFT JOIN gpu_telemetry_cells w USING (cell_key)
+LEFT JOIN gpu_telemetry g USING (cell_key)
+ORDER BY c.campaign_id, c.cell_id, g.gpu_index;
+
+-- Percentiles from the latency sketches stored at ingest (cell_sketches, migration 0017; warehouse/sketches.py,
+-- docs/warehouse.md "Percentiles from sketches"). sketch_value: what a DDSketch bucket answers (the ddsketch
+-- package's LogarithmicMapping at relative accuracy 0.01: 2 gamma^k / (1 + gamma), gamma = 1.0202...;
+-- -2147483648 is the zero bucket). sketch_quantile: between the answers of the two ranks around q (n - 1),
+-- interpolated as quantile_cont and numpy interpolate between values: within 1% of the exact percentile.
+CREATE OR REPLACE MACRO sketch_value(bucket) AS
+    CASE WHEN bucket = -2147483648 THEN 0.0
+         ELSE pow(2.0, bucket / 34.65620375188817) * (2.0 / (1 + 1.02020202020202)) END;
+CREATE OR REPLACE MACRO sketch_quantile(lo_bucket, hi_bucket, q, n) AS
+    sketch_value(lo_bucket)
+    + (q * (n - 1) - floor(q * (n - 1))) * (sketch_value(coalesce(hi_bucket, lo_bucket)) - sketch_value(lo_bucket));
+
+-- Per cell (its latest ok attempt, as v_cells) and metric (ttft, tpot, e2e, itl): p50/p90/p95/p99 in seconds
+-- from its sketch, all blocks merged; n = values (itl: tokens).
+CREATE OR REPLACE VIEW v_sketch_percentiles AS
+WITH latest_ok AS (
+    SELECT cell_key, campaign_id, cell_id, variant, method, k, repeat, workload, load_mode, load_label,
+           concurrency, rate
+    FROM cells WHERE status = 'ok'
+    QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
+), summed AS (
+    SELECT cell_key, metric, bucket, sum(count)::BIGINT AS count
+    FROM cell_sketches WHERE cell_key IN (SELECT cell_key FROM latest_ok)
+    GROUP BY cell_key, metric, bucket
+), walked AS (
+    SELECT cell_key, metric, bucket,
+           sum(count) OVER (PARTITION BY cell_key, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
+           sum(count) OVER (PARTITION BY cell_key, metric) AS n
+    FROM summed
+), ranks AS (
+    SELECT cell_key, metric, any_value(n)::BIGINT AS n,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
+    FROM walked GROUP BY cell_key, metric
+)
+SELECT
+    c.campaign_id, c.cell_id, c.cell_key, c.variant, c.method, c.k, c.repeat, c.workload, c.load_mode,
+    c.load_label, c.concurrency, c.rate, r.metric, r.n,
+    sketch_quantile(r.p50_lo, r.p50_hi, 0.50, r.n) AS p50_s,
+    sketch_quantile(r.p90_lo, r.p90_hi, 0.90, r.n) AS p90_s,
+    sketch_quantile(r.p95_lo, r.p95_hi, 0.95, r.n) AS p95_s,
+    sketch_quantile(r.p99_lo, r.p99_hi, 0.99, r.n) AS p99_s
+FROM ranks r JOIN latest_ok c USING (cell_key);
+
+-- Per campaign, variant, workload and load (over all their cells: repeats, blocks) and metric: the cells'
+-- sketches merged (counts summed per bucket), then the same rank walk. The exact alternative, slower as the
+-- warehouse grows: quantile_cont over `requests` (docs/warehouse.md "Percentiles from sketches").
+CREATE OR REPLACE VIEW v_sketch_percentiles_merged AS
+WITH latest_ok AS (
+    SELECT cell_key, campaign_id, variant, method, k, workload, load_mode, load_label, concurrency, rate,
+           dense_rank() OVER (ORDER BY campaign_id, variant, workload, load_label) AS group_no
+    FROM cells WHERE status = 'ok'
+    QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
+), merged AS (  -- grouped by one integer, not four strings: the big step of the view
+    SELECT c.group_no, s.metric, s.bucket, sum(s.count)::BIGINT AS count
+    FROM cell_sketches s JOIN latest_ok c USING (cell_key)
+    GROUP BY c.group_no, s.metric, s.bucket
+), walked AS (
+    SELECT group_no, metric, bucket,
+           sum(count) OVER (PARTITION BY group_no, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
+           sum(count) OVER (PARTITION BY group_no, metric) AS n
+    FROM merged
+), ranks AS (
+    SELECT group_no, metric, any_value(n)::BIGINT AS n,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
+    FROM walked GROUP BY group_no, metric
+), groups AS (
+    SELECT group_no, any_value(campaign_id) AS campaign_id, any_value(variant) AS variant,
+           any_value(method) AS method, any_value(k) AS k, any_value(workload) AS workload,
+           any_value(load_mode) AS load_mode, any_value(load_label) AS load_label,
+           any_value(concurrency) AS concurrency, any_value(rate) AS rate, count(*) AS cells
+    FROM latest_ok GROUP BY group_no
+)
+SELECT
+    g.campaign_id, g.variant, g.method, g.k, g.workload, g.load_mode, g.load_label, g.concurrency, g.rate,
+    g.cells, r.metric, r.n,
+    sketch_quantile(r.p50_lo, r.p50_hi, 0.50, r.n) AS p50_s,
+    sketch_quantile(r.p90_lo, r.p90_hi, 0.90, r.n) AS p90_s,
+    sketch_quantile(r.p95_lo, r.p95_hi, 0.95, r.n) AS p95_s,
+    sketch_quantile(r.p99_lo, r.p99_hi, 0.99, r.n) AS p99_s
+FROM ranks r JOIN groups g USING (group_no);

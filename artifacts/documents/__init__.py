@@ -11,6 +11,7 @@ document read and written again keeps them.
     blocks       the blocks several kinds carry (ToolFacts, HostFacts, VariantFacts)
     campaigns    campaign.json (CampaignRecord), runs/*.json (RunRecord)
     deployments  deployment.json (DeploymentFacts; EngineFacts, DrafterFacts, EffectiveEngineConfig)
+    provenance   deployment.json's `provenance` (ProvenanceFacts: target, environment, overlays, hardware)
     cells        cells/<cell_id>.a<n>/: meta.json (CellMeta), summary.json (CellSummary), requests.parquet
                  (REQUEST_SCHEMA), gauges.parquet (GAUGE_SCHEMA)
     captures     captures/<capture_id>/: meta.json (CaptureMeta), outputs.parquet (OUTPUT_SCHEMA)
@@ -127,6 +128,13 @@ from artifacts.documents.profiles import (
     TraceCounts,
     TraceRef,
 )
+from artifacts.documents.provenance import (
+    EnvironmentProvenance,
+    HardwareProvenance,
+    OverlayProvenance,
+    ProvenanceFacts,
+    TargetProvenance,
+)
 
 __all__ = [
     "CURVE_SCHEMA",
@@ -173,6 +181,7 @@ __all__ = [
     "EffectiveEngineConfig",
     "EngineFacts",
     "Envelope",
+    "EnvironmentProvenance",
     "ErrorClass",
     "Flag",
     "GateRule",
@@ -180,6 +189,7 @@ __all__ = [
     "GaugeSummary",
     "GenerationTokensCheck",
     "Goodput",
+    "HardwareProvenance",
     "HeadFacts",
     "HostFacts",
     "HostLoad",
@@ -188,6 +198,7 @@ __all__ = [
     "LoadFacts",
     "Number",
     "Outcome",
+    "OverlayProvenance",
     "PlannedSlot",
     "ProfileBreakdown",
     "ProfileCounters",
@@ -197,6 +208,7 @@ __all__ = [
     "ProfileRequests",
     "ProfileWorkload",
     "PromotionDocument",
+    "ProvenanceFacts",
     "Range",
     "RequestCounts",
     "RunRecord",
@@ -210,6 +222,7 @@ __all__ = [
     "StoredColumn",
     "StoredReader",
     "SwapFacts",
+    "TargetProvenance",
     "Text",
     "Time",
     "TokensPerChunkCheck",

@@ -42,6 +42,9 @@ class LoadFacts(Document):
     # client processes that generated the load (tasks/load/workers.py); None: written before it was recorded,
     # when every cell's load came from one process
     workers: Whole | None = None
+    # load.cluster's load (tasks/load/dask_load.py): kind, scheduler, hosts (each: workers, clock offset and its
+    # uncertainty against the scheduler, ms); None: the load came from this host
+    cluster: dict[str, Any] | None = None
 
 
 class CellMeta(Document):

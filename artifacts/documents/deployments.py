@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from artifacts.documents.base import Configuration, Document, Flag, Number, Text, Time, Whole
 from artifacts.documents.blocks import VariantFacts
+from artifacts.documents.provenance import ProvenanceFacts
 
 
 class DrafterSwap(Document):
@@ -50,6 +51,7 @@ class EngineFacts(Configuration):
     max_model_len: Whole | None = None
     job_id: Text | int | None = None
     drafter: DrafterFacts | None = None
+    provenance: ProvenanceFacts | None = None
     extra: dict[str, Any] | None = None
 
 
@@ -80,6 +82,8 @@ class DeploymentFacts(Configuration):
     stopped_at: Time | None = None
     teardown: Text | None = None
     drafter: DrafterFacts | None = None
+    # target hash, engine package lock, overlays, hardware (artifacts.documents.provenance); None: older
+    provenance: ProvenanceFacts | None = None
     extra: dict[str, Any] | None = None
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from experiments.spec import ExperimentSpec, Variant
 from specgauge.errors import InputError, SpecError
 from tasks.drafters.contract import check_eagle3_head, check_method_target, check_suffix_available
+from tasks.drafters.truncate import prepare_truncated
 from tasks.launch.registry import launcher_class
 
 
@@ -98,3 +99,7 @@ def check_launchable(spec: ExperimentSpec, source: str = "spec") -> None:
     path, for messages)."""
     check_drafters(spec, source)
     launcher_class(spec.launcher.kind).check_inputs(spec)
+    try:  # last: the only check that writes (a truncated draft's checkpoint, once; tasks/drafters/truncate.py)
+        prepare_truncated(spec, source)
+    except InputError as exc:  # its message names the spec and variants[i].draft_layers already
+        raise SpecError(str(exc)) from None

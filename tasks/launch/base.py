@@ -44,6 +44,9 @@ class Deployment:
     teardown: str | None = None
     # The drafter served, {method, path, sha256, card} (specgauge/checkpoints.py); None when plain.
     drafter: dict[str, Any] | None = None
+    # What else can change a result: target hash, engine packages, overlays, hardware
+    # (tasks/launch/provenance.py, artifacts.documents.ProvenanceFacts); None where not recorded.
+    provenance: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     api_key: SecretStr | None = field(default=None, repr=False)
     # user:password of an endpoint's URL, taken out of base_url (tasks/launch/endpoint.py): sent as basic auth

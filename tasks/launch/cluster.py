@@ -27,6 +27,7 @@ from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts
 from tasks.launch.config import ClusterConfig, LauncherConfig, SavedSettings, SSHConfig
 from tasks.launch.overlay import Overlay, load_overlay
+from tasks.launch.provenance import model_argument, remote_provenance
 from tasks.launch.slurm_jobs import JobState, cancel_job, describe_end, job_state
 from tasks.launch.slurm_script import add_mounts, resolve_arch
 from tasks.launch.ssh import Endpoint, LocalShell, Shell, SSHError, SSHSession
@@ -348,6 +349,13 @@ class ClusterJobLauncher:
 
     def collect_facts(self, deployment: Deployment) -> dict[str, Any]:
         path = deployment.extra.get(self.facts_log_key)
+        if deployment.provenance is None:  # the staged overlay is known here; the node's files and host not
+            node = deployment.extra.get("node") or "a node the scheduler chose"
+            deployment.provenance = remote_provenance(
+                model_argument(deployment.command) or "",
+                f"on {self.kind} node {node}",
+                deployment.extra.get("overlays"),
+            )
         return apply_startup_facts(deployment, startup_facts(self._read(path) if path else ""))
 
     def teardown(self, deployment: Deployment) -> None:

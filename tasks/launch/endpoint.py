@@ -13,8 +13,10 @@ from pydantic import SecretStr
 from experiments.spec import EndpointLaunchSpec, ExperimentSpec, TargetSpec, Variant
 from specgauge.errors import InputError
 from specgauge.provenance import utc_now
+from specgauge.redact import redact_url
 from tasks.launch.base import Deployment
 from tasks.launch.config import EndpointConfig, LauncherConfig, SavedSettings
+from tasks.launch.provenance import remote_provenance
 from tasks.launch.registry import register
 
 
@@ -123,6 +125,13 @@ class EndpointLauncher:
             pass
         deployment.engine_version = facts.get("engine_version", deployment.engine_version)
         deployment.max_model_len = facts.get("max_model_len", deployment.max_model_len)
+        if deployment.provenance is None:  # a server specgauge did not launch: only its address is known
+            deployment.provenance = remote_provenance(
+                deployment.served_model_name,
+                f"behind the endpoint {redact_url(deployment.base_url)}",
+                None,
+                overlays_known=False,
+            )
         return facts
 
     def teardown(self, deployment: Deployment) -> None:

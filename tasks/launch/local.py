@@ -26,6 +26,7 @@ from tasks.launch.command import ENGINE_MODULE, engine_api_key, hot_swap_env, se
 from tasks.launch.config import LauncherConfig, SavedSettings
 from tasks.launch.engine_side import ENGINE_SIDE_DIR
 from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
+from tasks.launch.provenance import local_provenance, model_argument
 from tasks.launch.registry import register
 
 _LIVE: dict[str, tuple[LocalLauncher, Deployment]] = {}
@@ -257,6 +258,16 @@ class LocalLauncher:
                 deployment.variant.method,
                 deployment.variant.drafter,
                 resolve_local(deployment.variant.drafter),
+            )
+        if deployment.provenance is None:  # once the engine is up, so that hashing never delays its start
+            model = model_argument(deployment.command) or ""
+            deployment.provenance = local_provenance(
+                model=model,
+                local_dir=model,
+                engine_python=self.engine_python,
+                deployment_directory=deployment.directory,
+                overlays=deployment.extra.get("overlays"),
+                cache_dir=get_settings().home / "cache" / "target-digests",
             )
         return facts
 

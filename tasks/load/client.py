@@ -305,6 +305,8 @@ class StreamingClient:
             body["seed"] = sampling.seed
         if sampling.ignore_eos:
             body["ignore_eos"] = True
+        if sampling.chat_template_kwargs and self.endpoint == "chat":  # completions apply no template
+            body["chat_template_kwargs"] = sampling.template_options
         if token_ids:
             body["return_token_ids"] = True
         return body

@@ -154,6 +154,17 @@ class WorkerOutcome:
     cpu_s: float | None = None  # the worker's CPU-seconds from the start barrier to its end
 
 
+def move_record(share: WorkerShare, record: RequestRecord, shift: float) -> RequestRecord:
+    """A worker's record as the cell's: its cell index, its clock fields moved by `shift` seconds (the
+    worker's t0 on the parent's clock minus the parent's t0)."""
+    changes: dict[str, Any] = {"index": share.cell_index(record.phase, record.index)}
+    for name in _CLOCK_FIELDS:
+        value = getattr(record, name)
+        if value is not None:
+            changes[name] = value + shift
+    return dataclasses.replace(record, **changes)
+
+
 def merge_records(
     shares: Sequence[WorkerShare], outcomes: Sequence[WorkerOutcome], t0: float
 ) -> list[RequestRecord]:
@@ -162,13 +173,8 @@ def merge_records(
     for share, outcome in zip(shares, outcomes, strict=True):
         shift = (outcome.t0_perf - t0) if outcome.t0_perf is not None else 0.0
         for record in outcome.records:
-            index = share.cell_index(record.phase, record.index)
-            changes: dict[str, Any] = {"index": index}
-            for name in _CLOCK_FIELDS:
-                value = getattr(record, name)
-                if value is not None:
-                    changes[name] = value + shift
-            moved = dataclasses.replace(record, **changes)
+            moved = move_record(share, record, shift)
+            index = moved.index
             if index in merged:
                 raise WorkerFailed(f"load worker {share.worker}: record index {index} given twice")
             merged[index] = moved
@@ -196,6 +202,30 @@ def _wait(barrier: multiprocessing.synchronize.Barrier, timeout_s: float) -> Non
     barrier.wait(timeout=timeout_s)
 
 
+async def run_share(
+    share: WorkerShare,
+    sampling: Sampling,
+    client_settings: dict[str, Any],
+    *,
+    start: Callable[[], Awaitable[float | None]],
+    warmed_up: Hook,
+    keep: Callable[[RequestRecord], None],
+    cpu_clock: Callable[[], float] = time.process_time,
+) -> tuple[LoadResult, float]:
+    """One share of a cell through its own `StreamingClient` (what a worker process and a Dask task both run):
+    the client opens, `start()` waits for the cell's start and returns the share's t0 (perf_counter; None:
+    now), `run_load` runs the share with `warmed_up` between warm-up and the measured window, `keep` takes
+    each record as it ends. Returns the result and the CPU-seconds `cpu_clock` counted from the start on.
+    `client_settings` are StreamingClient's keyword arguments (base_url, model, api_key, ...)."""
+    async with StreamingClient(**client_settings, max_connections=share.plan.connections()) as client:
+        t0 = await start()
+        cpu = cpu_clock()
+        result = await run_load(
+            client, share.prompts, share.plan, sampling, before_measured=warmed_up, on_record=keep, t0=t0
+        )
+        return result, cpu_clock() - cpu
+
+
 async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> tuple[LoadResult, float]:
     """The worker's share through its own client; also the CPU-seconds it spent from the start barrier on."""
     start_barrier, window_barrier = barriers
@@ -205,6 +235,11 @@ async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> t
         out.write(orjson.dumps(record.as_row()) + b"\n")
         out.flush()
 
+    async def start() -> None:
+        if job.fail == "start":
+            raise RuntimeError("injected failure before the start barrier (tests)")
+        await asyncio.to_thread(_wait, start_barrier, START_TIMEOUT_S)
+
     async def warmed_up() -> None:
         if job.fail == "warmup":
             raise RuntimeError("injected failure after warm-up (tests)")
@@ -213,23 +248,15 @@ async def _worker_load(job: WorkerJob, barriers: tuple[Any, Any], out: Any) -> t
         await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
         await asyncio.to_thread(_wait, window_barrier, plan.time_cap_s)
 
-    async with StreamingClient(
-        job.base_url,
-        job.model,
-        api_key=job.api_key,
-        authorization=job.authorization,
-        timeout_s=job.timeout_s,
-        endpoint=job.endpoint,
-        max_connections=plan.connections(),
-    ) as client:
-        if job.fail == "start":
-            raise RuntimeError("injected failure before the start barrier (tests)")
-        await asyncio.to_thread(_wait, start_barrier, START_TIMEOUT_S)
-        cpu = time.process_time()
-        result = await run_load(
-            client, job.share.prompts, plan, job.sampling, before_measured=warmed_up, on_record=keep
-        )
-        return result, time.process_time() - cpu
+    settings = {
+        "base_url": job.base_url,
+        "model": job.model,
+        "api_key": job.api_key,
+        "authorization": job.authorization,
+        "timeout_s": job.timeout_s,
+        "endpoint": job.endpoint,
+    }
+    return await run_share(job.share, job.sampling, settings, start=start, warmed_up=warmed_up, keep=keep)
 
 
 def _worker_main(job: WorkerJob, start_barrier: Any, window_barrier: Any) -> None:

@@ -25,7 +25,10 @@ from warehouse.kinds import (
     deployments,
     drafters,
     gates,
+    gpu_telemetry,
     profiles,
+    provenance,
+    sampling_checks,
 )
 from warehouse.kinds.base import ArtifactKind, ArtifactRef
 
@@ -34,7 +37,9 @@ __all__ = ["KINDS", "MODELS", "ArtifactKind", "ArtifactRef"]
 KINDS: tuple[ArtifactKind, ...] = (
     campaigns.KIND,
     deployments.KIND,
+    provenance.KIND,  # RAW/<campaign>/environments/: the engines' package locks
     cells.KIND,
+    gpu_telemetry.KIND,  # after cells: the same cell directories
     captures.KIND,
     profiles.KIND,
     gates.KIND,  # after captures
@@ -43,6 +48,7 @@ KINDS: tuple[ArtifactKind, ...] = (
     adaptations.KIND,  # after cells: an adaptation names its cells
     decisions.DECISIONS_KIND,  # after cells: a decision's verification is ordinary cells
     decisions.PROMOTIONS_KIND,  # after decisions: a promotion answers one
+    sampling_checks.KIND,
     drafters.KIND,  # RAW/drafters/, beside the campaigns
 )
 

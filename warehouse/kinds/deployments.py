@@ -17,6 +17,7 @@ from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, Part, canonical_json, document, short_hash
 from warehouse.kinds.base import directory_kind, placed
 from warehouse.kinds.columns import main_table, source_columns
+from warehouse.kinds.provenance import provenance_columns
 from warehouse.models import METHODS, Exact
 
 # Engine arguments that differ between deployments of one configuration, or that define the variant:
@@ -52,6 +53,10 @@ class DeploymentModel(pa.DataFrameModel):
     engine_version: pl.String = pa.Field(nullable=True)
     kv_cache_tokens: pl.Int64 = pa.Field(nullable=True, gt=0)
     drafter_sha256: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
+    target_digest: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
+    env_digest: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
+    overlays_digest: pl.String = pa.Field(nullable=True, str_length={"min_value": 64, "max_value": 64})
+    hardware: pl.String = pa.Field(nullable=True)
     max_model_len: pl.Int32 = pa.Field(nullable=True, gt=0)
     status: pl.String = pa.Field(isin=["starting", "ready", "failed", "stopped"])
     started_utc: pl.Datetime = pa.Field(nullable=True)
@@ -131,6 +136,7 @@ def deployment_frames(
         "engine_version": facts.engine_version,
         "kv_cache_tokens": facts.kv_cache_tokens,
         "drafter_sha256": facts.drafter.sha256 if facts.drafter else None,
+        **provenance_columns(facts.provenance),  # migration 0018
         "max_model_len": facts.max_model_len,
         "status": facts.status,
         "started_utc": utc_datetime(facts.started_at or None),
