@@ -129,6 +129,15 @@ def per_position(data: CampaignData) -> pl.DataFrame:
 
 # -------------------------------------------------------------------------- acceptance with its interval
 
+# The acceptance figures with their bootstrap intervals, named alike in every table that carries them
+ACCEPTANCE_FIGURES = {
+    "mean_acceptance_length": pl.Float64,
+    "mean_acceptance_length_low": pl.Float64,
+    "mean_acceptance_length_high": pl.Float64,
+    "acceptance_rate": pl.Float64,
+    "acceptance_rate_low": pl.Float64,
+    "acceptance_rate_high": pl.Float64,
+}
 ACCEPTANCE_INTERVAL_SCHEMA = {
     "variant": pl.String,
     "method": pl.String,
@@ -138,12 +147,7 @@ ACCEPTANCE_INTERVAL_SCHEMA = {
     "prompts": pl.Int32,
     "launches": pl.Int32,
     "requests": pl.Int32,
-    "mean_acceptance_length": pl.Float64,
-    "mean_acceptance_length_low": pl.Float64,
-    "mean_acceptance_length_high": pl.Float64,
-    "acceptance_rate": pl.Float64,
-    "acceptance_rate_low": pl.Float64,
-    "acceptance_rate_high": pl.Float64,
+    **ACCEPTANCE_FIGURES,
     "counters_mean_acceptance_length": pl.Float64,
     "acceptance_interval": pl.String,
 }

@@ -494,12 +494,30 @@ def itl_chart(latencies: pl.DataFrame) -> alt.FacetChart | None:
     )
 
 
+def titled_facets(
+    chart: alt.Chart | alt.LayerChart,
+    title: str,
+    subtitle: str,
+    *,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+    **facets: alt.Row | alt.Column,
+) -> alt.FacetChart:
+    """`chart` as panels of width x height, faceted by `facets` (row=, column=), under a title and subtitle:
+    the tail every faceted chart of the report shares."""
+    return (
+        chart.properties(width=width, height=height)
+        .facet(**facets)
+        .properties(title={"text": title, "subtitle": subtitle})
+    )
+
+
 def position_chart(per_position: pl.DataFrame) -> alt.FacetChart | None:
     """Acceptance rate per draft position (1 = the first drafted token), per variant and workload."""
     if per_position.is_empty():
         return None
     frame = per_position.with_columns((pl.col("position") + 1).alias("draft_position"))
-    return (
+    lines = (
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
@@ -514,14 +532,12 @@ def position_chart(per_position: pl.DataFrame) -> alt.FacetChart | None:
                 "cells",
             ],
         )
-        .properties(width=WIDTH, height=HEIGHT)
-        .facet(column=alt.Column("workload:N", title="workload"))
-        .properties(
-            title={
-                "text": "Per-position acceptance",
-                "subtitle": "accepted at position i / drafts (vLLM counters), mean over repeats and loads",
-            }
-        )
+    )
+    return titled_facets(
+        lines,
+        "Per-position acceptance",
+        "accepted at position i / drafts (vLLM counters), mean over repeats and loads",
+        column=alt.Column("workload:N", title="workload"),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
+from analysis.acceptance import ACCEPTANCE_FIGURES
 from analysis.charts import HEIGHT, WIDTH, _load_sort_key, clip_spread_band
 from workloads.length_buckets import parse_bucket_stratum
 
@@ -29,12 +30,7 @@ CONTEXT_SCHEMA = {
     "bucket_tokens": pl.Int32,
     "workload": pl.String,
     "load_label": pl.String,
-    "mean_acceptance_length": pl.Float64,
-    "mean_acceptance_length_low": pl.Float64,
-    "mean_acceptance_length_high": pl.Float64,
-    "acceptance_rate": pl.Float64,
-    "acceptance_rate_low": pl.Float64,
-    "acceptance_rate_high": pl.Float64,
+    **ACCEPTANCE_FIGURES,
     "acceptance_interval": pl.String,
     "prompts": pl.Int64,
     "throughput_speedup": pl.Float64,

@@ -34,20 +34,21 @@ from typing import Any
 import altair as alt
 import polars as pl
 
+from analysis.charts import titled_facets
 from analysis.data import CampaignData
 from analysis.depth import step_points
 from analysis.report import Column, Section, col, fmt_bool, fmt_interval, html_table
+from analysis.speedup import CELL_KEY_SCHEMA
 from analysis.stats import linear_fit
 from experiments.spec import Variant
 from specgauge.settings import REPO_ROOT
 
 GROUP_KEYS = ("method", "workload", "load_label", "concurrency")
+# the cell keys as analysis.speedup types them: the group keys, a variant and its k
+_KEY_SCHEMA = {key: CELL_KEY_SCHEMA[key] for key in (*GROUP_KEYS, "variant", "k")}
 
 COST_SCHEMA = {
-    "method": pl.String,
-    "workload": pl.String,
-    "load_label": pl.String,
-    "concurrency": pl.Int32,
+    **{key: _KEY_SCHEMA[key] for key in GROUP_KEYS},
     "layers": pl.List(pl.Int32),
     "n_points": pl.Int32,
     "per_layer_s": pl.Float64,
@@ -61,12 +62,7 @@ COST_SCHEMA = {
 }
 
 WINNER_SCHEMA = {
-    "method": pl.String,
-    "workload": pl.String,
-    "load_label": pl.String,
-    "concurrency": pl.Int32,
-    "variant": pl.String,
-    "k": pl.Int32,
+    **_KEY_SCHEMA,
     "layers": pl.Int32,
     "throughput_speedup": pl.Float64,
     "ci_low": pl.Float64,
@@ -198,7 +194,7 @@ def depth_chart(table: pl.DataFrame) -> alt.FacetChart | None:
     frame = table.with_columns(
         (pl.col("layers").cast(pl.String) + " layers").alias("drafter"),
     )
-    return (
+    lines = (
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
@@ -214,14 +210,14 @@ def depth_chart(table: pl.DataFrame) -> alt.FacetChart | None:
                 alt.Tooltip("cost_per_position_s:Q", format=".5f"),
             ],
         )
-        .properties(width=220, height=150)
-        .facet(row=alt.Row("method:N"), column=alt.Column("workload:N"))
-        .properties(
-            title={
-                "text": "Which drafter depth wins at which load",
-                "subtitle": "throughput speedup over plain (geometric mean over repeats) per drafter depth",
-            }
-        )
+    )
+    return titled_facets(
+        lines,
+        "Which drafter depth wins at which load",
+        "throughput speedup over plain (geometric mean over repeats) per drafter depth",
+        width=220,
+        row=alt.Row("method:N"),
+        column=alt.Column("workload:N"),
     )
 
 

@@ -540,6 +540,27 @@ def _question_fits(fits: pl.DataFrame, question: str) -> pl.DataFrame:
     return fits.filter(pl.col("question") == question) if not fits.is_empty() else fits
 
 
+def _acceptance_interval_cols() -> list[Column]:
+    """Mean acceptance length and acceptance rate with their bootstrap intervals (analysis.acceptance)."""
+    return [
+        Column(
+            "mean acc. len [CI]",
+            lambda r: fmt_interval(
+                r["mean_acceptance_length"],
+                r["mean_acceptance_length_low"],
+                r["mean_acceptance_length_high"],
+                r["acceptance_interval"],
+            ),
+        ),
+        Column(
+            "acceptance rate [CI]",
+            lambda r: fmt_interval(
+                r["acceptance_rate"], r["acceptance_rate_low"], r["acceptance_rate_high"], None
+            ),
+        ),
+    ]
+
+
 def acceptance_section(results: Results, charts: EmbeddedCharts) -> Section:
     """Q2 (analysis.acceptance): how well acceptance predicts speed, and acceptance with its interval."""
     return Section(
@@ -562,21 +583,7 @@ def acceptance_section(results: Results, charts: EmbeddedCharts) -> Section:
                 col("variant"),
                 col("workload"),
                 col("load_label", "load"),
-                Column(
-                    "mean acc. len [CI]",
-                    lambda r: fmt_interval(
-                        r["mean_acceptance_length"],
-                        r["mean_acceptance_length_low"],
-                        r["mean_acceptance_length_high"],
-                        r["acceptance_interval"],
-                    ),
-                ),
-                Column(
-                    "acceptance rate [CI]",
-                    lambda r: fmt_interval(
-                        r["acceptance_rate"], r["acceptance_rate_low"], r["acceptance_rate_high"], None
-                    ),
-                ),
+                *_acceptance_interval_cols(),
                 col("counters_mean_acceptance_length", "counters' mean acc. len"),
                 col("prompts"),
                 col("launches"),
@@ -609,21 +616,7 @@ def context_length_section(results: Results, charts: EmbeddedCharts) -> Section 
                 col("variant"),
                 col("bucket_tokens", "bucket from (tokens)"),
                 col("load_label", "load"),
-                Column(
-                    "mean acc. len [CI]",
-                    lambda r: fmt_interval(
-                        r["mean_acceptance_length"],
-                        r["mean_acceptance_length_low"],
-                        r["mean_acceptance_length_high"],
-                        r["acceptance_interval"],
-                    ),
-                ),
-                Column(
-                    "acceptance rate [CI]",
-                    lambda r: fmt_interval(
-                        r["acceptance_rate"], r["acceptance_rate_low"], r["acceptance_rate_high"], None
-                    ),
-                ),
+                *_acceptance_interval_cols(),
                 col("prompts"),
                 Column(
                     "throughput x plain [CI]",

@@ -15,6 +15,7 @@ import altair as alt
 import duckdb
 import polars as pl
 
+from analysis.charts import titled_facets
 from analysis.data import _frame_if_present
 from analysis.sampling_check import PREFIX, Rule, Samples, Verdict, as_samples, judge, verdict_rows
 from artifacts import layout
@@ -159,16 +160,13 @@ def sampling_chart(view: pl.DataFrame) -> alt.FacetChart | None:
             "rejected_in_arm",
         ],
     )
-    return (
-        alt.layer(band, lines, data=frame)
-        .properties(width=WIDTH, height=HEIGHT)
-        .facet(column=alt.Column("treatment_variant:N", title="treatment"))
-        .properties(
-            title={
-                "text": "Correctness under sampling: TV per position",
-                "subtitle": "mean over prompts; gray: from what chance gives to what a prompt needs to be rejected",
-            }
-        )
+    return titled_facets(
+        alt.layer(band, lines, data=frame),
+        "Correctness under sampling: TV per position",
+        "mean over prompts; gray: from what chance gives to what a prompt needs to be rejected",
+        width=WIDTH,
+        height=HEIGHT,
+        column=alt.Column("treatment_variant:N", title="treatment"),
     )
 
 

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 from scipy import stats
@@ -320,18 +320,23 @@ CLUSTER_VARIANTS = (
 CLUSTER_VARIANT = "symmetric bootstrap-t (jackknife SE)"
 
 
+class ClusterOptions(TypedDict, total=False):
+    """The options of `cluster_ratio_intervals` that `cluster_ratio_interval` passes on (its defaults)."""
+
+    offset: float
+    confidence: float
+    resamples: int
+    seed: int
+    min_clusters: int
+    unit: str
+
+
 def cluster_ratio_interval(
     numerator: Sequence[float],
     denominator: Sequence[float],
     clusters: Sequence[str],
     launches: Sequence[str] | None = None,
-    *,
-    offset: float = 0.0,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-    min_clusters: int = 5,
-    unit: str = "prompts",
+    **options: Unpack[ClusterOptions],
 ) -> Interval:
     """offset + sum(numerator) / sum(denominator) over requests (rows), with a bootstrap interval over
     clusters (prompts): mean acceptance length = 1 + sum(accepted) / sum(verify steps) (offset 1), acceptance
@@ -355,17 +360,7 @@ def cluster_ratio_interval(
     although the benchmark's 4 prompts still covered), no denominator (estimate NaN), or every cluster with
     the same ratio give no interval (low == high, the method says why)."""
     found = cluster_ratio_intervals(
-        numerator,
-        denominator,
-        clusters,
-        launches,
-        offset=offset,
-        confidence=confidence,
-        resamples=resamples,
-        seed=seed,
-        min_clusters=min_clusters,
-        unit=unit,
-        variants=(CLUSTER_VARIANT,),
+        numerator, denominator, clusters, launches, variants=(CLUSTER_VARIANT,), **options
     )
     return found if isinstance(found, Interval) else found[CLUSTER_VARIANT]
 

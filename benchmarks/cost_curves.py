@@ -251,28 +251,15 @@ def synthetic_costs(folder: Path, cells: int) -> Costs:
 def save_cluster_blocks(folder: Path) -> None:
     """The test cluster as Prefect blocks (in this process's Prefect API): the stand-in as its engine."""
     sys.path.insert(0, str(TESTS))
-    from stand_ins.cluster import SSHD_DIR, ssh_config
+    from stand_ins.cluster import save_cluster_blocks as save
 
-    from blocks.cluster_ssh import ClusterSSHBlock
-    from blocks.slurm_cluster import SlurmClusterBlock
-
-    plain = ssh_config()
-    ClusterSSHBlock(
-        host=plain.host,
-        port=plain.port,
-        user=plain.user,
-        private_key=(SSHD_DIR / "client_ed25519").read_text(),
-        known_hosts=str(plain.known_hosts),
-    ).save(SSH_BLOCK, overwrite=True)
-    SlurmClusterBlock(
-        partition="debug",
-        time_limit="00:30:00",
-        cpus_per_task=1,
-        remote_dir=str(folder / "cluster-home"),
+    save(
+        SSH_BLOCK,
+        CLUSTER_BLOCK,
         engine_command=os.environ["SPECGAUGE_ENGINE_PYTHON"],
-        port=0,
-        ssh_block=SSH_BLOCK,
-    ).save(CLUSTER_BLOCK, overwrite=True)
+        remote_dir=folder / "cluster-home",
+        time_limit="00:30:00",
+    )
 
 
 # --------------------------------------------------------------------------------------------- the driver

@@ -20,7 +20,7 @@ import time
 from emulator import EmulatorConfig, EmulatorProcess
 from experiments.spec import LoadSpec, Sampling
 from tasks.load.dask_clusters import open_cluster
-from tasks.load.dask_load import run_load_dask
+from tasks.load.dask_load import ServerAccess, run_load_dask
 from tasks.load.runner import LoadPlan
 from workloads.schema import Prompt
 
@@ -48,7 +48,9 @@ def main() -> None:
         with open_cluster(LoadSpec(cluster={"kind": "local", "workers_per_host": w}).cluster) as client:
             print(f"LocalCluster of {w} worker processes up in {time.monotonic() - started:.1f} s")
             for _ in range(args.cells):
-                result = asyncio.run(run_load_dask(client, emu.url, "bench", _prompts(), plan, Sampling()))
+                result = asyncio.run(
+                    run_load_dask(client, ServerAccess(emu.url, "bench"), _prompts(), plan, Sampling())
+                )
                 for host in result.cluster["hosts"]:
                     offsets += [abs(v) for v in host["worker_offsets_ms"].values()]
                     uncertainties.append(host["uncertainty_ms"])

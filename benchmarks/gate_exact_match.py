@@ -30,14 +30,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from artifacts import layout
 from artifacts.documents.captures import load_capture
 from experiments.spec import ExperimentSpec, Sampling, TargetSpec, Variant, load_spec
 from specgauge.provenance import utc_stamp
 from tasks.capture import capture
 from tasks.gate import GateRefusal, compare, gate, write_verdict
-from tasks.health import wait_ready
-from tasks.launch import deployed
+from tasks.health import ready_deployment
 from tasks.launch.local import LocalLauncher
 from workloads.schema import Corpus, load_corpus
 
@@ -61,15 +59,9 @@ def launch_and_capture(
     launcher = LocalLauncher(spec.launcher)
     out: dict[str, Path] = {}
     started = time.perf_counter()
-    with deployed(
-        launcher,
-        target,
-        variant,
-        deployment_id=deployment_id,
-        directory=layout.deployment_dir(raw_dir, deployment_id),
+    with ready_deployment(
+        launcher, target, variant, raw_dir, deployment_id, spec.launcher.ready_timeout_s
     ) as deployment:
-        wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
-        launcher.collect_facts(deployment)
         ready = time.perf_counter() - started
         for capture_id, sampling, allow in captures:
             t = time.perf_counter()

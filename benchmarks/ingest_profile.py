@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -63,15 +63,34 @@ if hasattr(ingest_module, "sketches"):  # the latency sketches of each batch's c
     STEPS += ((ingest_module.sketches, "insert", "latency sketches"),)
 
 
-@dataclass
-class _Frame:
-    label: str
+class _Clocks(NamedTuple):
+    """Wall seconds, this thread's CPU seconds and the process's CPU seconds."""
+
     wall: float
     cpu: float
     process_cpu: float
-    child_wall: float = 0.0
-    child_cpu: float = 0.0
-    child_process_cpu: float = 0.0
+
+    @classmethod
+    def now(cls) -> _Clocks:
+        return cls(time.perf_counter(), time.thread_time(), time.process_time())
+
+    def minus(self, other: _Clocks) -> _Clocks:
+        return _Clocks(*(a - b for a, b in zip(self, other, strict=True)))
+
+    def plus(self, other: _Clocks) -> _Clocks:
+        return _Clocks(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+_NO_TIME = _Clocks(0.0, 0.0, 0.0)
+
+
+@dataclass
+class _Frame:
+    """One step in progress: when it began, and what the steps it called took (not its own time)."""
+
+    label: str
+    start: _Clocks
+    children: _Clocks = _NO_TIME
 
 
 @dataclass
@@ -87,24 +106,21 @@ class StepTimes:
     @contextmanager
     def step(self, label: str) -> Iterator[None]:
         stack: list[_Frame] = self._stacks.__dict__.setdefault("stack", [])
-        frame = _Frame(label, time.perf_counter(), time.thread_time(), time.process_time())
+        frame = _Frame(label, _Clocks.now())
         stack.append(frame)
         try:
             yield
         finally:
             stack.pop()
-            wall = time.perf_counter() - frame.wall
-            cpu = time.thread_time() - frame.cpu
-            process_cpu = time.process_time() - frame.process_cpu
+            spent = _Clocks.now().minus(frame.start)
+            own = spent.minus(frame.children)
             key = (_thread_name(), label)
-            self.wall[key] += wall - frame.child_wall
-            self.cpu[key] += cpu - frame.child_cpu
-            self.process_cpu[key] += process_cpu - frame.child_process_cpu
+            self.wall[key] += own.wall
+            self.cpu[key] += own.cpu
+            self.process_cpu[key] += own.process_cpu
             self.calls[key] += 1
             if stack:
-                stack[-1].child_wall += wall
-                stack[-1].child_cpu += cpu
-                stack[-1].child_process_cpu += process_cpu
+                stack[-1].children = stack[-1].children.plus(spent)
 
 
 def _thread_name() -> str:

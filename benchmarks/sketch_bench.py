@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 from rich.console import Console
-from rich.table import Table
 
 from warehouse import sketches
 from warehouse.db import _copy_snapshot, reader, snapshot_path, writer
@@ -386,10 +385,11 @@ def main() -> None:
             console.print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    report_table(results, load_before, os.getloadavg()[0])
+    report_table(bench, results, load_before, os.getloadavg()[0])
 
 
-def report_table(results: list[dict[str, Any]], load_before: float, load_after: float) -> None:
+def report_table(bench: Any, results: list[dict[str, Any]], load_before: float, load_after: float) -> None:
+    """The figures of every size (`bench`: benchmarks/warehouse_bench.py, whose table helpers it uses)."""
     head = (
         "size",
         "request values",
@@ -419,18 +419,11 @@ def report_table(results: list[dict[str, Any]], load_before: float, load_after: 
                 f"{r['load_before']:.1f} / {r['load_during']:.1f}",
             )
         )
-    table = Table(title="Merged percentiles from sketches", title_justify="left")
-    for column in head:
-        table.add_column(column, justify="right")
-    for line in lines:
-        table.add_row(*line)
-    console.print(table)
+    console.print(bench.figures_table("Merged percentiles from sketches", head, lines))
     console.print(
         f"{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, {load_after:.2f} after"
     )
-    console.print("markdown:\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for line in lines:
-        console.print("| " + " | ".join(line) + " |", highlight=False, markup=False)
+    bench.print_markdown(console, head, lines)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +314,23 @@ def print_profile(campaign_dir: Path, folder: Path) -> None:
         shutil.rmtree(folder / f"{serial}")
 
 
+def figures_table(title: str, head: Sequence[str], lines: Sequence[Sequence[str]]) -> Table:
+    """`lines` under `head` as a rich table, every column right-aligned (they are figures)."""
+    table = Table(title=title, title_justify="left")
+    for column in head:
+        table.add_column(column, justify="right")
+    for line in lines:
+        table.add_row(*line)
+    return table
+
+
+def print_markdown(out: Console, head: Sequence[str], lines: Sequence[Sequence[str]]) -> None:
+    """The same table as markdown, to paste into the docs."""
+    out.print("markdown:\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for line in lines:
+        out.print("| " + " | ".join(line) + " |", highlight=False, markup=False)
+
+
 def report_table(
     results: list[dict[str, Any]], load_before: float, load_after: float, loads: list[str]
 ) -> None:
@@ -347,12 +364,7 @@ def report_table(
                 f"{r['parquet_mb']:,.0f}",
             )
         )
-    table = Table(title="Warehouse at 1x/10x/100x", title_justify="left")
-    for column in head:
-        table.add_column(column, justify="right")
-    for line in lines:
-        table.add_row(*line)
-    console.print(table)
+    console.print(figures_table("Warehouse at 1x/10x/100x", head, lines))
     if len(results) > 1:
         small = results[0]
         ratios = Table(title=f"Ratios to {small['size']}x", title_justify="left")
@@ -373,9 +385,7 @@ def report_table(
         f"at the end of each size {', '.join(loads)}; at each ingest (before -> after) "
         + ", ".join(f"{r['size']}x: {r['load']:.2f} -> {r['load_after']:.2f}" for r in results)
     )
-    console.print("markdown:\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for line in lines:
-        console.print("| " + " | ".join(line) + " |", highlight=False, markup=False)
+    print_markdown(console, head, lines)
 
 
 if __name__ == "__main__":

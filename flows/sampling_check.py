@@ -19,8 +19,8 @@ from blocks import resolve_launcher_config
 from experiments.plan import resolve_repo_path
 from experiments.spec import ExperimentSpec, SamplingCheckSpec, Variant
 from tasks.campaign_state import next_launch_id
-from tasks.health import wait_ready
-from tasks.launch import deployed, launcher_for
+from tasks.health import ready_deployment
+from tasks.launch import launcher_for
 from tasks.sampling_check import SEED_STRIDE, draw
 from workloads.schema import Prompt, load_corpus
 
@@ -34,15 +34,9 @@ def draw_launch(
     assert check is not None
     launcher = launcher_for(spec, resolve_launcher_config(spec.launcher))
     launch_id = next_launch_id(directory, f"{campaign_id}.{variant.name}.sampling")
-    with deployed(
-        launcher,
-        spec.target_of(variant),
-        variant,
-        deployment_id=launch_id,
-        directory=layout.deployment_dir(directory, launch_id),
+    with ready_deployment(
+        launcher, spec.target_of(variant), variant, directory, launch_id, spec.launcher.ready_timeout_s
     ) as deployment:
-        wait_ready(deployment, launcher, timeout_s=spec.launcher.ready_timeout_s)
-        launcher.collect_facts(deployment)
         deployment.save()
         arm = draw(deployment, _prompts(spec, check), check, role=role, seed_base=seed_base)
     get_run_logger().info(

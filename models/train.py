@@ -384,29 +384,14 @@ def main(argv: list[str] | None = None) -> int:
         "seq_len": args.seq_len,
         "command": "python models/train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+
+    def train(name: str, model, **settings) -> dict:  # both models see the same data, device and batch
+        return train_model(name, model, train_data, valid_data, device=device, batch=args.batch, **settings)
+
     target = make_model(TARGET_SHAPE, tokenizer, max_positions=2048)
-    target_report = train_model(
-        "target",
-        target,
-        train_data,
-        valid_data,
-        device=device,
-        steps=args.target_steps,
-        batch=args.batch,
-        lr=2e-3,
-    )
+    target_report = train("target", target, steps=args.target_steps, lr=2e-3)
     draft = make_model(DRAFT_SHAPE, tokenizer, max_positions=2048)
-    draft_report = train_model(
-        "draft",
-        draft,
-        train_data,
-        valid_data,
-        device=device,
-        steps=args.draft_steps,
-        batch=args.batch,
-        lr=3e-3,
-        teacher=target,
-    )
+    draft_report = train("draft", draft, steps=args.draft_steps, lr=3e-3, teacher=target)
     prompts = [
         "What does `json.dumps` do?",
         "Write the Python function `chunked(items, size)` that splits a list.",

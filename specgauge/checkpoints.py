@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from specgauge.errors import InputError
+from specgauge.provenance import sha256_file
 
 # What makes the drafter what it is: its weights and the config the engine builds it from.
 _IDENTITY_GLOBS = ("*.safetensors", "config.json")
@@ -22,14 +23,6 @@ _CHUNK = 1 << 20
 class IncompleteDrafter(InputError, FileNotFoundError):
     """A drafter folder without its config.json or weights: bad input to the CLI (one `error:` line, exit 2),
     still a FileNotFoundError for the callers that skip such a folder."""
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def drafter_files(path: Path | str) -> list[Path]:
@@ -65,7 +58,7 @@ def training_card(path: Path | str) -> dict[str, Any] | None:
     present = [directory / name for name in CARD_FILES if (directory / name).is_file()]
     if not present:
         return None
-    card: dict[str, Any] = {"files": {f.name: _sha256_file(f) for f in present}}
+    card: dict[str, Any] = {"files": {f.name: sha256_file(f) for f in present}}
     training = directory / "training.json"
     if training.is_file():
         try:

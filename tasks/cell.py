@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,9 @@ from tasks.drafters.swap import current_drafter
 from tasks.launch.base import Deployment
 from tasks.load.client import StreamingClient
 from tasks.load.dask_clusters import shared_client
-from tasks.load.dask_load import run_load_dask
+from tasks.load.dask_load import CellHooks, ServerAccess, run_load_dask
 from tasks.load.records import RequestRecord, records_frame
-from tasks.load.runner import LoadPlan, run_load
+from tasks.load.runner import LoadPlan, LoadResult, run_load
 from tasks.load.workers import resolve_workers, run_load_workers
 from tasks.metrics import host_load
 from tasks.metrics.gauges import GaugeSampler
@@ -130,69 +131,61 @@ async def _measure(
         if on_record is not None:
             on_record(record)
 
-    authorization = deployment.authorization()  # Bearer api key, or Basic from the endpoint URL's userinfo
+    url, model = deployment.base_url, deployment.served_model_name
+    authorization = deployment.authorization()  # Bearer api key, or Basic from the URL's userinfo
+    measure: Callable[[], Awaitable[LoadResult]]
     if load.cluster is not None:  # a share per worker of a Dask cluster, across hosts (tasks/load/dask_load)
         client = await asyncio.to_thread(shared_client, load.cluster)  # opened once, kept for the next cells
-        async with _gauge_sampler(deployment, load, t0) as sampler:
-            result = await run_load_dask(
-                client,
-                deployment.base_url,
-                deployment.served_model_name,
-                prompts,
-                plan,
-                sampling,
-                authorization=authorization,
-                timeout_s=load.request_timeout_s,
-                before_measured=window.open,
-                after_measured=window.close,
-                on_record=keep,
-                t0=t0,
-                max_clock_offset_ms=load.cluster.max_clock_offset_ms,
-                max_clock_uncertainty_ms=load.cluster.max_clock_uncertainty_ms,
-                start_timeout_s=load.cluster.start_timeout_s,
-                facts=cluster_facts,  # filled as soon as known: a failed cell records its hosts too
-            )
-            return result, window, sampler.frame(), sampler.failures
-    if workers > 1:  # the streams split over worker processes, each with its own client (tasks/load/workers)
-        async with _gauge_sampler(deployment, load, t0) as sampler:
-            result = await run_load_workers(
-                deployment.base_url,
-                deployment.served_model_name,
-                prompts,
-                plan,
-                sampling,
-                workers,
-                authorization=authorization,
-                timeout_s=load.request_timeout_s,
-                before_measured=window.open,
-                after_measured=window.close,
-                on_record=keep,
-                t0=t0,
-            )
-            return result, window, sampler.frame(), sampler.failures
-    async with (
-        StreamingClient(
-            deployment.base_url,
-            deployment.served_model_name,
-            authorization=authorization,
-            timeout_s=load.request_timeout_s,
-            max_connections=plan.connections(),
-        ) as client,
-        _gauge_sampler(deployment, load, t0) as sampler,
-    ):
-        result = await run_load(
+        measure = partial(
+            run_load_dask,
             client,
+            ServerAccess(url, model, authorization=authorization, timeout_s=load.request_timeout_s),
             prompts,
             plan,
             sampling,
+            CellHooks(before_measured=window.open, after_measured=window.close, on_record=keep, t0=t0),
+            max_clock_offset_ms=load.cluster.max_clock_offset_ms,
+            max_clock_uncertainty_ms=load.cluster.max_clock_uncertainty_ms,
+            start_timeout_s=load.cluster.start_timeout_s,
+            facts=cluster_facts,  # filled as soon as known: a failed cell records its hosts too
+        )
+    else:  # the streams split over worker processes, each its own client (tasks/load/workers), or this one
+        here = (
+            partial(run_load_workers, url, model, prompts, plan, sampling, workers)
+            if workers > 1
+            else partial(_run_load_here, url, model, prompts, plan, sampling)
+        )
+        measure = partial(
+            here,
+            authorization=authorization,
+            timeout_s=load.request_timeout_s,
             before_measured=window.open,
             after_measured=window.close,
             on_record=keep,
             t0=t0,  # one clock for records, gauges and the window's scrape times
         )
-        gauges = sampler.frame()
-        failures = sampler.failures
-    return result, window, gauges, failures
+    async with _gauge_sampler(deployment, load, t0) as sampler:
+        result = await measure()
+        return result, window, sampler.frame(), sampler.failures
+
+
+async def _run_load_here(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Prompt],
+    plan: LoadPlan,
+    sampling: Sampling,
+    *,
+    authorization: str | None,
+    timeout_s: float,
+    **hooks: Any,
+) -> LoadResult:
+    """`run_load` from this process, through one client (the keywords of `run_load_workers`)."""
+    streaming = StreamingClient(
+        base_url, model, authorization=authorization, timeout_s=timeout_s, max_connections=plan.connections()
+    )
+    async with streaming as client:
+        return await run_load(client, prompts, plan, sampling, **hooks)
 
 
 def prompt_fit_problems(

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
+from artifacts import layout
+from experiments.spec import TargetSpec, Variant
 from specgauge.errors import EngineDied, ReadinessTimeout
+from tasks.launch import deployed
 from tasks.launch.base import Deployment
 from tasks.launch.protocol import Launcher
 
@@ -112,3 +118,21 @@ def wait_ready(
                     transient=True,
                 )
             time.sleep(poll_s)
+
+
+@contextmanager
+def ready_deployment(
+    launcher: Launcher,
+    target: TargetSpec,
+    variant: Variant,
+    raw_dir: Path,
+    deployment_id: str,
+    timeout_s: float,
+) -> Iterator[Deployment]:
+    """`deployed` under raw_dir's deployments/, waited ready (`wait_ready`) and its facts collected; torn down
+    on every exit path."""
+    directory = layout.deployment_dir(raw_dir, deployment_id)
+    with deployed(launcher, target, variant, deployment_id=deployment_id, directory=directory) as deployment:
+        wait_ready(deployment, launcher, timeout_s=timeout_s)
+        launcher.collect_facts(deployment)
+        yield deployment

@@ -162,9 +162,11 @@ def one_prompt_cell(
     campaign_id: str,
     load: LoadSpec,
     on_record: Callable[[RequestRecord], None] | None = None,
+    cells_dir: Path | None = None,
 ) -> CellOutcome:
     """The cell plain.r0.code.c1 of one code prompt (workload file tmp_path/workload_name), run by `run_cell`
-    against `deployment` and written under tmp_path/cells: a fault shown one level below the campaign."""
+    against `deployment` and written under `cells_dir` (tmp_path/cells unless given): a fault shown one level
+    below the campaign."""
     work = load_corpus(corpus(tmp_path / workload_name, [("ok-0", "code", "def add(a, b):", 8)]))
     return run_cell(
         deployment,
@@ -175,7 +177,7 @@ def one_prompt_cell(
         sampling=Sampling(max_tokens=8),
         load=load,
         slo=SLO(),
-        cells_dir=tmp_path / "cells",
+        cells_dir=cells_dir or tmp_path / "cells",
         on_record=on_record,
     )
 

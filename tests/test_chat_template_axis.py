@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from campaign_support import campaign_rows, emulated_campaign, run_campaign
 
 from experiments.spec import Sampling
 from specgauge.errors import SpecError
@@ -61,32 +62,18 @@ def test_without_template_options_a_sampling_dumps_as_before() -> None:
 def test_template_options_reach_the_body_are_recorded_and_pair_within_their_setting(
     prefect_harness: None, home: Path, emulator, tmp_path: Path
 ) -> None:
-    from flows.campaign import CampaignRequest, campaign
-    from warehouse.db import reader
-
-    data = {
-        "name": "template-axis",
-        "target": {"model": "emulated", "served_model_name": "emulated"},
-        "variants": [
-            {"name": "plain", "method": "none"},
-            {"name": "ngram-k3", "method": "ngram", "k": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
-        ],
-        "workloads": [{"file": "workloads/multilingual.jsonl"}],
-        "load": {"concurrencies": [1], "requests": 2, "warmup": 0, "request_timeout_s": 30},
-        "sampling": [
+    data = emulated_campaign(
+        "template-axis",
+        emulator.url,
+        workloads=[{"file": "workloads/multilingual.jsonl"}],
+        load={"concurrencies": [1], "requests": 2, "warmup": 0, "request_timeout_s": 30},
+        sampling=[
             {"name": "think", "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": True}},
             {"name": "nothink", "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False}},
         ],
-        "capture": {"enabled": False},
-        "validity": {"aa_control": False},
-        "launcher": {"kind": "endpoint", "base_url": emulator.url},
-        "repeats": 1,
-    }
-    spec = tmp_path / "template-axis.yaml"
-    spec.write_text(yaml.safe_dump(data))
+    )
     emulator.trace()  # start from an empty trace
-    result = campaign(CampaignRequest(spec_path=str(spec), gate=False, analyze=False))
-    assert result["failed_cells"] == {}, result
+    result = run_campaign(tmp_path / "template-axis.yaml", data, analyze=False)
 
     carried = [
         t["chat_template_kwargs"] for t in emulator.trace() if t.get("chat_template_kwargs") is not None
@@ -96,16 +83,15 @@ def test_template_options_reach_the_body_are_recorded_and_pair_within_their_sett
         [json.dumps({"enable_thinking": True})] * 4 + [json.dumps({"enable_thinking": False})] * 4
     ), carried
 
-    with reader() as con:
-        cells = con.execute(
-            "SELECT variant, workload, json_extract(sampling, '$.chat_template_kwargs.enable_thinking')::BOOLEAN, "
-            "sampling_key FROM v_cells WHERE campaign_id = ? ORDER BY variant",
-            [result["campaign_id"]],
-        ).fetchall()
-        pairs = con.execute(
-            "SELECT variant, baseline_variant FROM v_speedup WHERE campaign_id = ? ORDER BY variant",
-            [result["campaign_id"]],
-        ).fetchall()
+    cells = campaign_rows(
+        "SELECT variant, workload, json_extract(sampling, '$.chat_template_kwargs.enable_thinking')::BOOLEAN, "
+        "sampling_key FROM v_cells WHERE campaign_id = ? ORDER BY variant",
+        result["campaign_id"],
+    )
+    pairs = campaign_rows(
+        "SELECT variant, baseline_variant FROM v_speedup WHERE campaign_id = ? ORDER BY variant",
+        result["campaign_id"],
+    )
     assert [(v, w, t) for v, w, t, _ in cells] == [
         ("ngram-k3-nothink", "multilingual", False),
         ("ngram-k3-think", "multilingual", True),

@@ -15,51 +15,29 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from emulator_cells import emulator_cell
 from stand_ins.cluster import SSHD_DIR, SSHD_PORT, ensure_services, live_job_ids, squeue
 
 from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, Variant, load_spec
+from experiments.spec import SLO, LoadSpec, Sampling, load_spec
 from specgauge.errors import InputError, SpecError
-from tasks.cell import run_cell
-from tasks.launch.base import Deployment
+from tasks.cell import CellOutcome, run_cell
 from tasks.load.dask_clusters import JOB_NAME, close_clusters, open_cluster
-from workloads.schema import Prompt, load_corpus
+from workloads.schema import load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = "emulated"
 
 
-def prompts(n: int = 4, tokens: int = 8) -> list[Prompt]:
-    return [
-        Prompt(id=f"p{i}", workload="w", max_tokens=tokens, messages=[{"role": "user", "content": f"q {i}"}])
-        for i in range(n)
-    ]
-
-
-def emulator_cell(emulator, tmp_path: Path, load: LoadSpec, concurrency: int):
-    """One closed-loop cell through run_cell (scrapes, gauges, artifact) against the emulator."""
-    deployment = Deployment(
-        id="dask-clusters.plain.l1",
-        launcher="endpoint",
-        variant=Variant(name="plain"),
-        served_model_name=MODEL,
-        base_url=emulator.url,
-        metrics_url=f"{emulator.url}/metrics",
-        directory=tmp_path / "dep",
-    )
-    work = tmp_path / "w.jsonl"
-    work.write_text("".join(p.model_dump_json() + "\n" for p in prompts()))
+def cluster_cell(emulator, tmp_path: Path, load: LoadSpec) -> CellOutcome:
+    """One closed-loop cell of 4 prompts through run_cell (scrapes, gauges, artifact) against the emulator."""
     try:
-        return run_cell(
-            deployment,
-            CellPlan(f"plain.r0.w.c{concurrency}", "w", "closed", concurrency, None, "w.jsonl"),
+        return emulator_cell(
+            emulator,
+            tmp_path,
+            load,
+            deployment_id="dask-clusters.plain.l1",
             campaign_id="dask-clusters",
-            repeat=0,
-            corpus=load_corpus(work),
-            sampling=Sampling(max_tokens=8),
-            load=load,
-            slo=SLO(),
-            cells_dir=tmp_path / "cells",
+            prompt_count=4,
         )
     finally:
         close_clusters()  # the cluster is kept for the next cell until this: every test tears its own down
@@ -167,7 +145,7 @@ def test_an_ssh_cluster_through_the_real_sshd_runs_a_cell(services: None, emulat
         "start_timeout_s": 90,
     }
     load = LoadSpec(concurrencies=(4,), requests=12, warmup=4, gauge_interval_s=0.5, cluster=cluster)
-    outcome = emulator_cell(emulator, tmp_path, load, 4)
+    outcome = cluster_cell(emulator, tmp_path, load)
     facts = check_cell(outcome, 16, 2, "ssh")
     assert len(facts["hosts"][0]["workers"]) == 2
     assert emulator.stats()["completions"] == 16
@@ -191,7 +169,7 @@ def test_slurm_jobs_run_a_cells_load_and_leave_squeue(
         "start_timeout_s": 90,
     }
     load = LoadSpec(concurrencies=(2,), requests=8, warmup=2, gauge_interval_s=0.5, cluster=cluster)
-    outcome = emulator_cell(emulator, tmp_path, load, 2)
+    outcome = cluster_cell(emulator, tmp_path, load)
     check_cell(outcome, 10, 2, "slurm")
     assert not [row for row in squeue("%i", "%j", "%T") if row[1] == JOB_NAME]
 

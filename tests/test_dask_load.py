@@ -16,27 +16,16 @@ from pathlib import Path
 import polars as pl
 import pytest
 from distributed import Client
+from emulator_cells import MODEL, emulator_cell, prompts
 
-from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, Variant
-from tasks.cell import run_cell
-from tasks.launch.base import Deployment
+from experiments.spec import LoadSpec, Sampling
 from tasks.load.dask_clusters import close_clusters, open_cluster, shared_client
-from tasks.load.dask_load import ClockOffsetExceeded, measure_offset, run_load_dask
+from tasks.load.dask_load import CellHooks, ClockOffsetExceeded, ServerAccess, measure_offset, run_load_dask
 from tasks.load.records import RequestRecord
 from tasks.load.runner import LoadPlan, arrival_schedule
 from tasks.load.workers import split_plan
-from workloads.schema import Prompt, load_corpus
 
-MODEL = "emulated"
 LOCAL = {"kind": "local", "workers_per_host": 3}
-
-
-def prompts(n: int = 5, tokens: int = 8) -> list[Prompt]:
-    return [
-        Prompt(id=f"p{i}", workload="w", max_tokens=tokens, messages=[{"role": "user", "content": f"q {i}"}])
-        for i in range(n)
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +72,11 @@ def test_open_loop_cell_on_three_dask_workers_starts_at_one_barrier(cluster: Cli
     result = asyncio.run(
         run_load_dask(
             cluster,
-            emulator.url,
-            MODEL,
+            ServerAccess(emulator.url, MODEL),
             prompts(),
             plan,
             Sampling(),
-            before_measured=before,
-            after_measured=after,
-            on_record=streamed.append,
-            t0=t0,
+            CellHooks(before_measured=before, after_measured=after, on_record=streamed.append, t0=t0),
         )
     )
     records = result.records
@@ -127,14 +112,18 @@ def test_a_host_whose_clock_looks_skewed_fails_the_cell_naming_it(cluster: Clien
     plan = LoadPlan("closed", concurrency=3, requests=6, warmup=0)
     with pytest.raises(ClockOffsetExceeded) as failure:
         asyncio.run(
-            run_load_dask(cluster, emulator.url, MODEL, prompts(), plan, Sampling(), clock_skew={1: 0.250})
+            run_load_dask(
+                cluster, ServerAccess(emulator.url, MODEL), prompts(), plan, Sampling(), clock_skew={1: 0.250}
+            )
         )
     message = str(failure.value)
     assert message.startswith("host 127.0.0.1 (") and "Dask worker tcp://127.0.0.1:" in message
     assert "+25" in message and "ms" in message and "max_clock_offset_ms = 100" in message
     assert emulator.stats()["completions"] == 0  # refused before anything was sent
     # the cluster is still usable: the next cell runs
-    result = asyncio.run(run_load_dask(cluster, emulator.url, MODEL, prompts(), plan, Sampling()))
+    result = asyncio.run(
+        run_load_dask(cluster, ServerAccess(emulator.url, MODEL), prompts(), plan, Sampling())
+    )
     assert len(result.records) == 6 and all(r.ok for r in result.records)
 
 
@@ -143,17 +132,6 @@ def test_a_killed_dask_worker_fails_the_cell_which_keeps_the_records_it_sent(
 ) -> None:
     """The whole cell (run_cell through load.cluster) on 3 Dask workers; one is SIGKILLed mid-window."""
     emulator.configure(ttft_ms=20, step_ms=10)
-    deployment = Deployment(
-        id="dask-load.kill.l1",
-        launcher="endpoint",
-        variant=Variant(name="plain"),
-        served_model_name=MODEL,
-        base_url=emulator.url,
-        metrics_url=f"{emulator.url}/metrics",
-        directory=tmp_path / "dep",
-    )
-    work = tmp_path / "w.jsonl"
-    work.write_text("".join(p.model_dump_json() + "\n" for p in prompts(tokens=16)))
     load = LoadSpec(concurrencies=(6,), requests=120, warmup=6, gauge_interval_s=0.2, cluster=LOCAL)
     client = shared_client(load.cluster)  # what run_cell will use: the same cluster
     pids = client.run(os.getpid)
@@ -170,16 +148,13 @@ def test_a_killed_dask_worker_fails_the_cell_which_keeps_the_records_it_sent(
     killer = threading.Thread(target=kill_once_measuring, daemon=True)
     killer.start()
     try:
-        outcome = run_cell(
-            deployment,
-            CellPlan("plain.r0.w.c6", "w", "closed", 6, None, "w.jsonl"),
+        outcome = emulator_cell(
+            emulator,
+            tmp_path,
+            load,
+            deployment_id="dask-load.kill.l1",
             campaign_id="dask-load-kill",
-            repeat=0,
-            corpus=load_corpus(work),
-            sampling=Sampling(max_tokens=16),
-            load=load,
-            slo=SLO(),
-            cells_dir=tmp_path / "cells",
+            tokens=16,
         )
     finally:
         killer.join(5)

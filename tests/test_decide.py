@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from analysis_fixtures import PlantedBuilder, profile
+from campaign_support import campaign_rows
 from warehouse_fixtures import make_spec
 
 from analysis.recommend import LoadChoice, Recommendation, best_family, judge, k_at, overall
@@ -256,32 +257,29 @@ def test_the_decision_loop_on_the_cost_twin(
     verdict per load from its measured cells."""
     from flows.campaign import CampaignRequest, campaign
     from flows.decide import DecisionRequest, decide
-    from warehouse.db import reader
 
     spec = tmp_path / "twin-sweep.yaml"
     spec.write_text(TWIN_SWEEP)
     sweep = campaign(CampaignRequest(spec_path=str(spec), gate=False))
     result = decide(DecisionRequest(sweep_campaign_id=sweep["campaign_id"], sign_off=False))
     decision = result["decision"]
-    with reader() as con:  # what the sweep measured, shown if it chose "off"
-        swept = con.execute(
-            "SELECT variant, concurrency, round(output_throughput_tok_s, 1), round(mean_acceptance_length, 2), "
-            "round(host_other_share, 2) FROM v_cells WHERE campaign_id = ? ORDER BY concurrency, variant",
-            [sweep["campaign_id"]],
-        ).fetchall()
+    swept = campaign_rows(  # what the sweep measured, shown if it chose "off"
+        "SELECT variant, concurrency, round(output_throughput_tok_s, 1), round(mean_acceptance_length, 2), "
+        "round(host_other_share, 2) FROM v_cells WHERE campaign_id = ? ORDER BY concurrency, variant",
+        sweep["campaign_id"],
+    )
     # either family: which one pays more at C=1 differs between machines of this kind (docs/decision.md)
     assert (decision["speculative_config"] or {}).get("method") in ("eagle3", "draft_model"), swept
     assert any(k > 0 for _, _, k in decision["schedule"]), decision["schedule"]  # not off everywhere
-    with reader() as con:
-        rows = con.execute(
-            "SELECT concurrency, k, over_plain, over_plain_low, n_repeats, load_outcome FROM v_decision "
-            "WHERE campaign_id = ? ORDER BY concurrency",
-            [result["campaign_id"]],
-        ).fetchall()
-        measured = con.execute(
-            "SELECT variant, count(*) FROM v_cells WHERE campaign_id = ? GROUP BY ALL ORDER BY variant",
-            [result["campaign_id"]],
-        ).fetchall()
+    rows = campaign_rows(
+        "SELECT concurrency, k, over_plain, over_plain_low, n_repeats, load_outcome FROM v_decision "
+        "WHERE campaign_id = ? ORDER BY concurrency",
+        result["campaign_id"],
+    )
+    measured = campaign_rows(
+        "SELECT variant, count(*) FROM v_cells WHERE campaign_id = ? GROUP BY ALL ORDER BY variant",
+        result["campaign_id"],
+    )
     assert measured == [("fixed-k3", 4), ("plain", 4), ("recommended", 4)]  # 2 loads x 2 launches each
     assert [r[0] for r in rows] == [1, 8] and all(r[4] == 2 and r[2] > 0 for r in rows)
     assert rows[0][1] == 3  # drafting at C=1, where the twin's step is bound by its weights

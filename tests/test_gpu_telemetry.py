@@ -387,39 +387,20 @@ def test_an_absent_document_that_lists_gpus_is_quarantined(tmp_path: Path) -> No
 
 def _emulated_cell(emulator, tmp_path: Path, launcher: str) -> Path:
     """One cell through run_cell against the emulator, its deployment said to be `launcher`'s."""
-    from experiments.plan import CellPlan
-    from experiments.spec import SLO, LoadSpec, Sampling, Variant
-    from tasks.cell import run_cell
-    from tasks.launch.base import Deployment
-    from workloads.schema import Prompt, load_corpus
+    from emulator_cells import emulator_cell
+
+    from experiments.spec import LoadSpec
 
     emulator.configure(ttft_ms=20, step_ms=10)
-    deployment = Deployment(
-        id=f"gpu.{launcher}.l1",
-        launcher=launcher,
-        variant=Variant(name="plain"),
-        served_model_name="emulated",
-        base_url=emulator.url,
-        metrics_url=f"{emulator.url}/metrics",
-        directory=tmp_path / "dep",
-    )
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    work = tmp_path / "w.jsonl"
-    prompts = [
-        Prompt(id=f"p{i}", workload="w", max_tokens=16, messages=[{"role": "user", "content": f"q {i}"}])
-        for i in range(4)
-    ]
-    work.write_text("".join(p.model_dump_json() + "\n" for p in prompts))
-    outcome = run_cell(
-        deployment,
-        CellPlan("plain.r0.w.c2", "w", "closed", 2, None, "w.jsonl"),
+    outcome = emulator_cell(
+        emulator,
+        tmp_path,
+        LoadSpec(concurrencies=(2,), requests=24, warmup=2),
+        deployment_id=f"gpu.{launcher}.l1",
         campaign_id="gpu-telemetry",
-        repeat=0,
-        corpus=load_corpus(work),
-        sampling=Sampling(max_tokens=16),
-        load=LoadSpec(concurrencies=(2,), requests=24, warmup=2),
-        slo=SLO(),
-        cells_dir=tmp_path / "cells",
+        prompt_count=4,
+        tokens=16,
+        launcher=launcher,
     )
     assert outcome.status == "ok", outcome.summary.error
     return outcome.path

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from campaign_support import campaign_rows, emulated_campaign, run_campaign
 
 from specgauge.errors import InputError, SpecError
 from specgauge.settings import REPO_ROOT
@@ -133,40 +134,25 @@ def test_per_bucket_acceptance_reaches_the_warehouse_and_the_report(
     """On the emulator (its acceptance is configured, not measured: this checks the path, not the figures): a
     plain + n-gram campaign over two buckets gives v_context_length a row per bucket with the counters' sums,
     and the report a section with the chart."""
-    from flows.campaign import CampaignRequest, campaign
-    from warehouse.db import reader
-
     emulator.configure(k=3, acceptance=(0.8, 0.5, 0.3))
-    data = {
-        "name": "buckets-emulated",
-        "target": {"model": "emulated", "served_model_name": "emulated"},
-        "variants": [
-            {"name": "plain", "method": "none"},
-            {"name": "ngram-k3", "method": "ngram", "k": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
-        ],
-        "workloads": [{"file": "workloads/length-buckets.jsonl", "length_buckets": [128, 1024]}],
-        "load": {"concurrencies": [1], "requests": 4, "warmup": 0, "request_timeout_s": 30},
-        "capture": {"enabled": False},
-        "validity": {"aa_control": False},
-        "launcher": {"kind": "endpoint", "base_url": emulator.url},
-        "repeats": 1,
-    }
-    spec = tmp_path / "buckets.yaml"
-    spec.write_text(yaml.safe_dump(data))
-    result = campaign(CampaignRequest(spec_path=str(spec), gate=False))
-    assert result["failed_cells"] == {}, result
-    with reader() as con:
-        rows = con.execute(
-            "SELECT variant, bucket_tokens, base_stratum, cells, draft_tokens > 0, accepted_tokens <= draft_tokens, "
-            "acceptance_rate, mean_acceptance_length, mean_prompt_tokens, throughput_speedup IS NOT NULL "
-            "FROM v_context_length WHERE campaign_id = ? ORDER BY bucket_tokens",
-            [result["campaign_id"]],
-        ).fetchall()
-        counters = con.execute(
-            "SELECT workload, sum(accepted_tokens) / sum(draft_tokens) FROM v_acceptance WHERE campaign_id = ? "
-            "GROUP BY workload ORDER BY workload",
-            [result["campaign_id"]],
-        ).fetchall()
+    data = emulated_campaign(
+        "buckets-emulated",
+        emulator.url,
+        workloads=[{"file": "workloads/length-buckets.jsonl", "length_buckets": [128, 1024]}],
+        load={"concurrencies": [1], "requests": 4, "warmup": 0, "request_timeout_s": 30},
+    )
+    result = run_campaign(tmp_path / "buckets.yaml", data)
+    rows = campaign_rows(
+        "SELECT variant, bucket_tokens, base_stratum, cells, draft_tokens > 0, accepted_tokens <= draft_tokens, "
+        "acceptance_rate, mean_acceptance_length, mean_prompt_tokens, throughput_speedup IS NOT NULL "
+        "FROM v_context_length WHERE campaign_id = ? ORDER BY bucket_tokens",
+        result["campaign_id"],
+    )
+    counters = campaign_rows(
+        "SELECT workload, sum(accepted_tokens) / sum(draft_tokens) FROM v_acceptance WHERE campaign_id = ? "
+        "GROUP BY workload ORDER BY workload",
+        result["campaign_id"],
+    )
     assert [r[:6] for r in rows] == [
         ("ngram-k3", 128, "summarization", 1, True, True),
         ("ngram-k3", 1024, "summarization", 1, True, True),
@@ -204,29 +190,22 @@ def test_a_two_bucket_campaign_on_the_engine_has_acceptance_per_bucket(
     """Plain and n-gram k=3 on the tiny target, two requests per cell in the shortest and the longest bucket:
     the warehouse holds the engine's own counters per bucket, and the prompts the server counted lie in
     their buckets (the builder's count is the server's)."""
-    from flows.campaign import CampaignRequest, campaign
-    from warehouse.db import reader
-
-    spec = tmp_path / "two-buckets.yaml"
-    spec.write_text(TWO_BUCKETS)
-    result = campaign(CampaignRequest(spec_path=str(spec), gate=False))
-    assert result["failed_cells"] == {}, result
-    with reader() as con:
-        rows = con.execute(
-            "SELECT bucket_tokens, drafts, draft_tokens, accepted_tokens, acceptance_rate, mean_acceptance_length, "
-            "mean_prompt_tokens, throughput_speedup FROM v_context_length WHERE campaign_id = ? "
-            "ORDER BY bucket_tokens",
-            [result["campaign_id"]],
-        ).fetchall()
-        cells = con.execute(
-            "SELECT mean_acceptance_length FROM v_acceptance WHERE campaign_id = ? ORDER BY workload",
-            [result["campaign_id"]],
-        ).fetchall()
-        served = con.execute(
-            "SELECT r.prompt_id, r.prompt_tokens FROM requests r JOIN cells c USING (cell_key) "
-            "WHERE c.campaign_id = ? AND r.ok",
-            [result["campaign_id"]],
-        ).fetchall()
+    result = run_campaign(tmp_path / "two-buckets.yaml", TWO_BUCKETS)
+    rows = campaign_rows(
+        "SELECT bucket_tokens, drafts, draft_tokens, accepted_tokens, acceptance_rate, mean_acceptance_length, "
+        "mean_prompt_tokens, throughput_speedup FROM v_context_length WHERE campaign_id = ? "
+        "ORDER BY bucket_tokens",
+        result["campaign_id"],
+    )
+    cells = campaign_rows(
+        "SELECT mean_acceptance_length FROM v_acceptance WHERE campaign_id = ? ORDER BY workload",
+        result["campaign_id"],
+    )
+    served = campaign_rows(
+        "SELECT r.prompt_id, r.prompt_tokens FROM requests r JOIN cells c USING (cell_key) "
+        "WHERE c.campaign_id = ? AND r.ok",
+        result["campaign_id"],
+    )
     print("per bucket (edge, drafts, draft tokens, accepted, rate, MAL, prompt tokens, x plain):", rows)
     assert [r[0] for r in rows] == [128, 1024]
     for row, (cell_mal,) in zip(rows, cells, strict=True):

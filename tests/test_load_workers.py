@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from emulator_cells import MODEL, emulator_cell, prompts
 
 from experiments.plan import CellPlan
 from experiments.spec import LoadSpec, Sampling, load_spec
@@ -29,17 +30,9 @@ from tasks.load.workers import (
     split_plan,
     worker_seed,
 )
-from workloads.schema import Prompt, load_corpus
+from workloads.schema import load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = "emulated"
-
-
-def prompts(n: int = 5, tokens: int = 8) -> list[Prompt]:
-    return [
-        Prompt(id=f"p{i}", workload="w", max_tokens=tokens, messages=[{"role": "user", "content": f"q {i}"}])
-        for i in range(n)
-    ]
 
 
 def worker_of(index: int, warmup: int, workers: int) -> int:
@@ -253,21 +246,7 @@ def test_a_killed_worker_fails_the_cell_which_keeps_what_was_measured(emulator, 
     import signal
     import threading
 
-    from experiments.spec import SLO, Variant
-    from tasks.launch.base import Deployment
-
     emulator.configure(ttft_ms=20, step_ms=10)
-    deployment = Deployment(
-        id="load-workers.kill.l1",
-        launcher="endpoint",
-        variant=Variant(name="plain"),
-        served_model_name=MODEL,
-        base_url=emulator.url,
-        metrics_url=f"{emulator.url}/metrics",
-        directory=tmp_path / "dep",
-    )
-    work = tmp_path / "w.jsonl"
-    work.write_text("".join(p.model_dump_json() + "\n" for p in prompts(tokens=16)))
     killed: list[int] = []
 
     def kill_worker_1_once_measuring() -> None:
@@ -281,16 +260,13 @@ def test_a_killed_worker_fails_the_cell_which_keeps_what_was_measured(emulator, 
 
     killer = threading.Thread(target=kill_worker_1_once_measuring, daemon=True)
     killer.start()
-    outcome = run_cell(
-        deployment,
-        CellPlan("plain.r0.w.c4", "w", "closed", 4, None, "w.jsonl"),
+    outcome = emulator_cell(
+        emulator,
+        tmp_path,
+        LoadSpec(concurrencies=(4,), requests=64, warmup=4, workers=2, gauge_interval_s=0.2),
+        deployment_id="load-workers.kill.l1",
         campaign_id="load-workers-kill",
-        repeat=0,
-        corpus=load_corpus(work),
-        sampling=Sampling(max_tokens=16),
-        load=LoadSpec(concurrencies=(4,), requests=64, warmup=4, workers=2, gauge_interval_s=0.2),
-        slo=SLO(),
-        cells_dir=tmp_path / "cells",
+        tokens=16,
     )
     killer.join(5)
     assert killed, "worker 1 was never seen running"

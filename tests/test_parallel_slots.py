@@ -27,7 +27,7 @@ from reliability_support import (
     submit_served,
     write_spec,
 )
-from stand_ins.cluster import SSHD_DIR, ensure_services, live_job_ids, squeue, ssh_config
+from stand_ins.cluster import ensure_services, live_job_ids, save_cluster_blocks, squeue
 
 pytest_plugins = ["reliability_support"]
 pytestmark = [pytest.mark.slurm, pytest.mark.server]
@@ -38,29 +38,17 @@ CLUSTER_BLOCK = "slots-cluster"
 
 @pytest.fixture(scope="module")
 def slots_cluster(prefect_api: str, standin: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The test cluster as saved blocks: the stand-in as its engine, port 0 (jobs share the one node)."""
-    from blocks.cluster_ssh import ClusterSSHBlock
-    from blocks.slurm_cluster import SlurmClusterBlock
-
+    """The test cluster as saved blocks: the stand-in as its engine, port 0 (jobs share the one node), one CPU
+    a job (two jobs fit the node's two CPUs at once)."""
     ensure_services("sshd", "slurm")
-    plain = ssh_config()
-    ClusterSSHBlock(
-        host=plain.host,
-        port=plain.port,
-        user=plain.user,
-        private_key=(SSHD_DIR / "client_ed25519").read_text(),
-        known_hosts=str(plain.known_hosts),
-    ).save(SSH_BLOCK, overwrite=True)
-    SlurmClusterBlock(
-        partition="debug",
-        time_limit="00:10:00",
-        cpus_per_task=1,  # two jobs fit the node's two CPUs at once
-        remote_dir=str(tmp_path_factory.mktemp("slots-cluster-home")),
+    save_cluster_blocks(
+        SSH_BLOCK,
+        CLUSTER_BLOCK,
         engine_command=str(standin),
+        remote_dir=tmp_path_factory.mktemp("slots-cluster-home"),
+        time_limit="00:10:00",
         env={"SPECGAUGE_STANDIN_ARGS": "--step-ms 40"},
-        port=0,
-        ssh_block=SSH_BLOCK,
-    ).save(CLUSTER_BLOCK, overwrite=True)
+    )
     return CLUSTER_BLOCK
 
 

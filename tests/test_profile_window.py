@@ -9,12 +9,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from campaign_support import campaign_rows
+from emulator_cells import emulator_deployment
 from typer.testing import CliRunner
 
 from experiments.spec import Variant, load_spec
 from specgauge.errors import InputError
 from specgauge.provenance import sha256_file
-from tasks.launch.base import Deployment
 from tasks.profile.torch_trace import analyze_trace, trim_trace
 from tasks.profile.window import WindowPlan, run_window
 from workloads.schema import load_corpus
@@ -32,7 +33,6 @@ def test_profile_variant_on_the_embedded_engine(
     teardown."""
     from tasks.profile.breakdown import counters_from_metrics
     from tasks.profile.chart import save_chart, waste_chart
-    from warehouse.db import reader
 
     planned = load_spec(campaign_spec).profile
     assert planned is not None and planned.variant == "draft-k3"
@@ -76,13 +76,12 @@ def test_profile_variant_on_the_embedded_engine(
     assert "--profiler-config" in deployment["command"]
 
     # one warehouse row (the campaign flow ingested it), the same figures as breakdown.json
-    with reader() as con:
-        rows = con.execute(
-            "SELECT profile_id, variant, k, load_label, wasted_share, wasted_share_of_added, drafting_share, "
-            "verification_share, rejection_share, other_share, wasted_drafting_share, "
-            "wasted_verification_share, cross_check_ok FROM v_profile_waste WHERE campaign_id = ?",
-            [demo_campaign["campaign_id"]],
-        ).fetchall()
+    rows = campaign_rows(
+        "SELECT profile_id, variant, k, load_label, wasted_share, wasted_share_of_added, drafting_share, "
+        "verification_share, rejection_share, other_share, wasted_drafting_share, "
+        "wasted_verification_share, cross_check_ok FROM v_profile_waste WHERE campaign_id = ?",
+        demo_campaign["campaign_id"],
+    )
     assert len(rows) == 1
     row = dict(
         zip(
@@ -116,14 +115,11 @@ def test_a_server_without_profiler_gives_a_failed_artifact(tmp_path: Path) -> No
     server = EmulatorThread(EmulatorConfig(port=0, model="emulated", k=3, step_ms=1, ttft_ms=1))
     server.start()
     try:
-        deployment = Deployment(
-            id="emulated.draft",
-            launcher="endpoint",
+        deployment = emulator_deployment(
+            server.url,
+            tmp_path / "dep",
+            "emulated.draft",
             variant=Variant(name="draft-k3", method="draft_model", k=3, draft_model="d"),
-            served_model_name="emulated",
-            base_url=server.url,
-            metrics_url=f"{server.url}/metrics",
-            directory=tmp_path / "dep",
         )
         prompts = list(load_corpus(REPO / "workloads" / "smoke.jsonl").prompts)[:2]
         result = run_window(

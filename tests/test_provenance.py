@@ -16,25 +16,15 @@ from typing import Any
 import polars as pl
 import pytest
 from analysis_fixtures import PlantedBuilder, profile
-from warehouse_fixtures import make_spec
+from warehouse_fixtures import aa_spec
 
 from analysis.data import CampaignData, load_campaign
 from analysis.validity import provenance_mismatches, validity_table
 from artifacts import layout
 from artifacts.documents import DeploymentFacts, ProvenanceFacts
 from experiments.plan import DeploymentPlan
+from tasks.launch import provenance as launch_provenance
 from tasks.launch.base import Deployment
-from tasks.launch.provenance import (
-    EMPTY_SHA256,
-    environment_record,
-    freeze_text,
-    hardware_record,
-    overlay_record,
-    remote_provenance,
-    store_environment,
-    target_digest,
-    target_record,
-)
 from warehouse.db import reader
 from warehouse.ingest import ingest_raw
 from warehouse.kinds.provenance import provenance_columns
@@ -54,22 +44,22 @@ def test_target_digest_is_stable_cached_and_changes_when_a_weight_file_changes(
     target_copy: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    first = target_digest(target_copy, cache)
+    first = launch_provenance.target_digest(target_copy, cache)
     assert first["rehashed"] == first["files"] >= 3 and len(first["sha256"]) == 64
-    again = target_digest(target_copy, cache)
+    again = launch_provenance.target_digest(target_copy, cache)
     # the cache answered: same digest, no file read again
     assert again["sha256"] == first["sha256"] and again["rehashed"] == 0
     # without the cache the same bytes give the same digest: the cache stores, it does not decide
-    assert target_digest(target_copy, None)["sha256"] == first["sha256"]
+    assert launch_provenance.target_digest(target_copy, None)["sha256"] == first["sha256"]
     # a copy elsewhere is the same model
     assert (
-        target_digest(shutil.copytree(target_copy, tmp_path / "elsewhere"), cache)["sha256"]
+        launch_provenance.target_digest(shutil.copytree(target_copy, tmp_path / "elsewhere"), cache)["sha256"]
         == first["sha256"]
     )
 
     # a training card is not the model's identity: editing it changes nothing
     (target_copy / "README.md").write_text("edited card\n")
-    assert target_digest(target_copy, cache)["sha256"] == first["sha256"]
+    assert launch_provenance.target_digest(target_copy, cache)["sha256"] == first["sha256"]
 
     # one byte of the weights, same size: a new mtime makes the cache re-read that file only
     weights = target_copy / "model.safetensors"
@@ -78,52 +68,56 @@ def test_target_digest_is_stable_cached_and_changes_when_a_weight_file_changes(
     weights.write_bytes(bytes(data))
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    changed = target_digest(target_copy, cache)
+    changed = launch_provenance.target_digest(target_copy, cache)
     assert changed["sha256"] != first["sha256"] and changed["rehashed"] == 1
     assert changed["bytes"] == first["bytes"]
 
     # a tokenizer change is a change of model too
     tokenizer = target_copy / "tokenizer_config.json"
     tokenizer.write_text(tokenizer.read_text() + " ")
-    assert target_digest(target_copy, cache)["sha256"] != changed["sha256"]
+    assert launch_provenance.target_digest(target_copy, cache)["sha256"] != changed["sha256"]
 
 
 def test_a_target_that_cannot_be_hashed_is_recorded_absent_with_its_reason(tmp_path: Path) -> None:
-    hub = target_record("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", tmp_path)
+    hub = launch_provenance.target_record("Qwen/Qwen3-8B", "Qwen/Qwen3-8B", tmp_path)
     assert hub.get("sha256") is None and "not a local folder" in hub["absent"]
     empty = tmp_path / "no-weights"
     empty.mkdir()
     (empty / "config.json").write_text("{}")
-    record = target_record(str(empty), empty, tmp_path)
+    record = launch_provenance.target_record(str(empty), empty, tmp_path)
     assert record.get("sha256") is None and "no weight files" in record["absent"]
 
 
 def test_hardware_and_overlays_are_recorded_and_absence_is_not_emptiness() -> None:
-    hardware = hardware_record()
+    hardware = launch_provenance.hardware_record()
     assert hardware["cpus"] == os.cpu_count() and hardware["cpu_model"]
     if shutil.which("nvidia-smi") is None:  # this machine: recorded as absent, with why, never as []
         assert hardware["gpus"] is None and hardware["gpus_absent"] == "nvidia-smi not on PATH"
     else:
         assert hardware["gpus"] or hardware["gpus_absent"]
-    none = overlay_record(None)
-    assert none == {"sha256": EMPTY_SHA256, "patches": [], "files": []}
+    none = launch_provenance.overlay_record(None)
+    assert none == {"sha256": launch_provenance.EMPTY_SHA256, "patches": [], "files": []}
     patch = {"patches": [{"name": "cpu-synthetic-acceptance", "sha256": "ab" * 32}], "files": []}
-    assert overlay_record(patch)["sha256"] not in (EMPTY_SHA256, None)
+    assert launch_provenance.overlay_record(patch)["sha256"] not in (launch_provenance.EMPTY_SHA256, None)
 
 
 def test_a_cluster_or_endpoint_engine_records_what_it_can_and_why_the_rest_is_absent() -> None:
     staged = {"patches": [{"name": "cpu-synthetic-acceptance", "sha256": "cd" * 32}], "files": []}
     cluster = ProvenanceFacts.model_validate(
-        remote_provenance("/scratch/llama-70b", "on slurm node n1", staged)
+        launch_provenance.remote_provenance("/scratch/llama-70b", "on slurm node n1", staged)
     )
-    assert cluster.overlays.sha256 == overlay_record(staged)["sha256"]  # the overlay it staged is known
+    assert (
+        cluster.overlays.sha256 == launch_provenance.overlay_record(staged)["sha256"]
+    )  # the overlay it staged is known
     assert (
         cluster.target.sha256 is None and cluster.environment.sha256 is None and cluster.hardware.cpus is None
     )
     for part in (cluster.target, cluster.environment, cluster.hardware):
         assert "on slurm node n1: not readable from the orchestrator" in (part.absent or "")
     endpoint = ProvenanceFacts.model_validate(
-        remote_provenance("served", "behind the endpoint http://h:8000", None, overlays_known=False)
+        launch_provenance.remote_provenance(
+            "served", "behind the endpoint http://h:8000", None, overlays_known=False
+        )
     )
     assert endpoint.overlays.sha256 is None and endpoint.overlays.absent  # unknowable, not "none applied"
     assert provenance_columns(endpoint) == dict.fromkeys(
@@ -135,8 +129,8 @@ def test_pip_freeze_is_hashed_and_its_text_stored_once_per_hash(tmp_path: Path) 
     campaign = tmp_path / "raw" / "c1"
     first_dir = layout.deployment_dir(campaign, "c1.plain.r0.l1")
     second_dir = layout.deployment_dir(campaign, "c1.ngram.r0.l1")
-    first = environment_record(sys.executable, first_dir)  # this venv's real package lock
-    second = environment_record(sys.executable, second_dir)
+    first = launch_provenance.environment_record(sys.executable, first_dir)  # this venv's real package lock
+    second = launch_provenance.environment_record(sys.executable, second_dir)
     assert first["sha256"] == second["sha256"] and first["packages"] > 10
     stored = list((campaign / layout.ENVIRONMENTS).iterdir())
     assert [p.name for p in stored] == [f"{first['sha256']}.txt"]  # one file for both deployments
@@ -144,7 +138,7 @@ def test_pip_freeze_is_hashed_and_its_text_stored_once_per_hash(tmp_path: Path) 
     assert "duckdb==" in text and f"pandera=={importlib.metadata.version('pandera')}" in text
     # an executable with no environment beside it (the tests' stand-in engine) is absent with the reason,
     # never an empty lock
-    broken = environment_record(tmp_path / "bin" / "standin", first_dir)
+    broken = launch_provenance.environment_record(tmp_path / "bin" / "standin", first_dir)
     assert broken.get("sha256") is None and "no lib/python3*/site-packages" in broken["absent"]
 
 
@@ -163,21 +157,21 @@ class ProvenanceBuilder(PlantedBuilder):
         deployment = super().deployment(slot, launch)
         text = self.locks.get(slot.variant.name, self.default_lock)
         deployment.provenance = {
-            "target": {"path": "models/tiny-target", **target_digest(TINY_TARGET, None)},
+            "target": {"path": "models/tiny-target", **launch_provenance.target_digest(TINY_TARGET, None)},
             "environment": {
                 "python": "/opt/engine/bin/python",
-                "sha256": store_environment(text, deployment.directory),
+                "sha256": launch_provenance.store_environment(text, deployment.directory),
                 "packages": len(text.splitlines()),
             },
-            "overlays": overlay_record(None),
-            "hardware": hardware_record(),
+            "overlays": launch_provenance.overlay_record(None),
+            "hardware": launch_provenance.hardware_record(),
         }
         return deployment
 
 
 @pytest.fixture(scope="module")
 def lock_text() -> str:
-    return freeze_text(sys.executable)
+    return launch_provenance.freeze_text(sys.executable)
 
 
 def _plant(variant: str, repeat: int, workload: str, load: str):
@@ -187,17 +181,7 @@ def _plant(variant: str, repeat: int, workload: str, load: str):
 
 
 def _build(root: Path, name: str, locks: dict[str, str], default: str) -> tuple[Path, ProvenanceBuilder]:
-    spec = make_spec(
-        name,
-        repeats=2,
-        concurrencies=(1,),
-        requests=16,
-        variants=[
-            {"name": "plain", "method": "none"},
-            {"name": "ngram-k3", "method": "ngram", "k": 3},
-            {"name": "plain-aa", "method": "none", "aa_control": True},
-        ],
-    )
+    spec = aa_spec(name, repeats=2)
     builder = ProvenanceBuilder(root / "raw", spec=spec, plant=_plant, locks=locks, default_lock=default)
     return builder.build(root / "w.duckdb", gates=False), builder
 
@@ -221,8 +205,8 @@ def test_provenance_reaches_deployments_v_cells_and_environments_once_per_hash(
     assert len(envs) == 2 and {e[2] for e in envs} == {lock_text, other}  # 2 locks, 12 deployments
     digests = {variant: env for variant, _, env, _, _ in cells}
     assert digests["plain"] == digests["plain-aa"] != digests["ngram-k3"]
-    target = target_digest(TINY_TARGET, None)["sha256"]
-    assert {c[1] for c in cells} == {target} and {c[3] for c in cells} == {EMPTY_SHA256}
+    target = launch_provenance.target_digest(TINY_TARGET, None)["sha256"]
+    assert {c[1] for c in cells} == {target} and {c[3] for c in cells} == {launch_provenance.EMPTY_SHA256}
     hardware = json.loads(cells[0][4])
     assert hardware["cpus"] == os.cpu_count() and "gpus" in hardware
     # the raw document carries it, and reads back through its model

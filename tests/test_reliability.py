@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
+from emulator_cells import emulator_deployment
 from reliability_support import (
     REPO,
     Hooks,
@@ -48,14 +49,10 @@ from reliability_support import (
 )
 
 from artifacts.store import write_json_atomic
-from experiments.plan import CellPlan
-from experiments.spec import SLO, LoadSpec, Sampling, Variant
+from experiments.spec import LoadSpec
 from specgauge import progress
 from specgauge.errors import ArtifactError
 from specgauge.settings import get_settings
-from tasks.cell import run_cell
-from tasks.launch.base import Deployment
-from workloads.schema import load_corpus
 
 # fixtures: standin, standin_engine, prefect_api, observe (home comes from conftest)
 pytest_plugins = ["reliability_support"]
@@ -248,14 +245,8 @@ def test_metrics_unreachable_fails_the_cell_naming_the_url(emulator, tmp_path, o
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # bound, never listening: connection refused
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
-        deployment = Deployment(
-            id="rel.metrics-unreachable.l1",
-            launcher="endpoint",
-            variant=Variant(name="plain"),
-            served_model_name="emulated",
-            base_url=emulator.url,
-            metrics_url=closed,
-            directory=tmp_path / "dep",
+        deployment = emulator_deployment(
+            emulator.url, tmp_path / "dep", "rel.metrics-unreachable.l1", metrics_url=closed
         )
         outcome = one_prompt_cell(
             tmp_path,
@@ -604,25 +595,14 @@ def test_disk_full_while_writing_an_artifact(emulator, tmp_path, limit, observe)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
         try:
             (full / "filler").write_bytes(b"\0" * (64 * 1024 - 6 * 1024))  # about 6 KiB stay free
-            deployment = Deployment(
-                id="rel.full.l1",
-                launcher="endpoint",
-                variant=Variant(name="plain"),
-                served_model_name="emulated",
-                base_url=emulator.url,
-                metrics_url=f"{emulator.url}/metrics",
-                directory=tmp_path / "dep",
-            )
+            deployment = emulator_deployment(emulator.url, tmp_path / "dep", "rel.full.l1")
             with pytest.raises(ArtifactError) as raised:
-                run_cell(
+                one_prompt_cell(
+                    tmp_path,
                     deployment,
-                    CellPlan("plain.r0.code.c1", "code", "closed", 1, None, str(work)),
+                    workload_name=work.name,
                     campaign_id="rel-full",
-                    repeat=0,
-                    corpus=load_corpus(work),
-                    sampling=Sampling(max_tokens=8),
                     load=LoadSpec(concurrencies=(1,), requests=4, warmup=1),
-                    slo=SLO(),
                     cells_dir=cells,
                 )
             message = str(raised.value)

@@ -248,21 +248,13 @@ def test_a_check_goes_through_the_warehouse_into_the_report(tmp_path: Path) -> N
 def test_a_server_that_ignores_n_is_refused_naming_it(emulator, tmp_path: Path) -> None:
     """The emulator answers one choice whatever `n` says: drawing stops with the URL, prompt and counts,
     instead of judging one sample as 64."""
-    from experiments.spec import Variant
+    from emulator_cells import emulator_deployment
+
     from specgauge.errors import LaunchError
-    from tasks.launch.base import Deployment
     from tasks.sampling_check import draw
     from workloads.schema import load_corpus
 
-    deployment = Deployment(
-        id="c.plain.sampling.l1",
-        launcher="endpoint",
-        variant=Variant(name="plain"),
-        served_model_name="emulated",
-        base_url=emulator.url,
-        metrics_url=f"{emulator.url}/metrics",
-        directory=tmp_path,
-    )
+    deployment = emulator_deployment(emulator.url, tmp_path, "c.plain.sampling.l1")
     prompt = load_corpus(resolve_repo_path("workloads/capture.jsonl")).prompts[0]
     with pytest.raises(LaunchError, match=rf"{prompt.id}: asked for 3 samples \(n\), got 1 choices"):
         draw(deployment, [prompt], SamplingCheckSpec(samples=3), role="plain", seed_base=0)

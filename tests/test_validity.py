@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 from analysis_fixtures import PlantedBuilder, profile
-from warehouse_fixtures import make_spec
+from warehouse_fixtures import aa_spec
 
 from analysis.data import CampaignData, load_campaign
 from analysis.run import compute
@@ -79,17 +79,7 @@ def aa_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlantedBuilde
             return profile(PLAIN_TPOT * AA_SLOWER, None)
         return profile(PLAIN_TPOT / 1.5, 0.5, tokens_per_chunk=2.0)
 
-    spec = make_spec(
-        "aa",
-        repeats=3,
-        concurrencies=(1,),
-        requests=16,
-        variants=[
-            {"name": "plain", "method": "none"},
-            {"name": "ngram-k3", "method": "ngram", "k": 3},
-            {"name": "plain-aa", "method": "none", "aa_control": True},
-        ],
-    )
+    spec = aa_spec("aa", repeats=3)
     builder = PlantedBuilder(root / "raw", spec=spec, plant=plant)
     return builder.build(root / "w.duckdb"), builder
 

@@ -79,6 +79,22 @@ def make_spec(
     )
 
 
+def aa_spec(name: str, *, repeats: int) -> ExperimentSpec:
+    """A planted campaign of plain, n-gram k=3 and an A/A arm (plain again, the validity control): one load
+    (C = 1), 16 requests a cell."""
+    return make_spec(
+        name,
+        repeats=repeats,
+        concurrencies=(1,),
+        requests=16,
+        variants=[
+            {"name": "plain", "method": "none"},
+            {"name": "ngram-k3", "method": "ngram", "k": 3},
+            {"name": "plain-aa", "method": "none", "aa_control": True},
+        ],
+    )
+
+
 @dataclass(frozen=True)
 class VariantProfile:
     """How fast a synthetic variant serves: TTFT, time per output token, tokens per streamed chunk."""

@@ -381,6 +381,34 @@ CREATE OR REPLACE MACRO sketch_quantile(lo_bucket, hi_bucket, q, n) AS
     sketch_value(lo_bucket)
     + (q * (n - 1) - floor(q * (n - 1))) * (sketch_value(coalesce(hi_bucket, lo_bucket)) - sketch_value(lo_bucket));
 
+-- The rank walk of the two views below, over the relation `counts` names (a CTE of the calling view): its
+-- rows (sketch_key, metric, bucket, count), count summed per bucket. Per sketch_key and metric: n (values)
+-- and p50/p90/p95/p99 in seconds, from the ranks around q (n - 1) that the cumulative counts cross.
+CREATE OR REPLACE MACRO sketch_percentiles(counts) AS TABLE
+WITH walked AS (
+    SELECT sketch_key, metric, bucket,
+           sum(count) OVER (PARTITION BY sketch_key, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
+           sum(count) OVER (PARTITION BY sketch_key, metric) AS n
+    FROM query_table(counts)
+), ranks AS (
+    SELECT sketch_key, metric, any_value(n)::BIGINT AS n,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
+    FROM walked GROUP BY sketch_key, metric
+)
+SELECT sketch_key, metric, n,
+    sketch_quantile(p50_lo, p50_hi, 0.50, n) AS p50_s,
+    sketch_quantile(p90_lo, p90_hi, 0.90, n) AS p90_s,
+    sketch_quantile(p95_lo, p95_hi, 0.95, n) AS p95_s,
+    sketch_quantile(p99_lo, p99_hi, 0.99, n) AS p99_s
+FROM ranks;
+
 -- Per cell (its latest ok attempt, as v_cells) and metric (ttft, tpot, e2e, itl): p50/p90/p95/p99 in seconds
 -- from its sketch, all blocks merged; n = values (itl: tokens).
 CREATE OR REPLACE VIEW v_sketch_percentiles AS
@@ -390,34 +418,14 @@ WITH latest_ok AS (
     FROM cells WHERE status = 'ok'
     QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
 ), summed AS (
-    SELECT cell_key, metric, bucket, sum(count)::BIGINT AS count
+    SELECT cell_key AS sketch_key, metric, bucket, sum(count)::BIGINT AS count
     FROM cell_sketches WHERE cell_key IN (SELECT cell_key FROM latest_ok)
     GROUP BY cell_key, metric, bucket
-), walked AS (
-    SELECT cell_key, metric, bucket,
-           sum(count) OVER (PARTITION BY cell_key, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
-           sum(count) OVER (PARTITION BY cell_key, metric) AS n
-    FROM summed
-), ranks AS (
-    SELECT cell_key, metric, any_value(n)::BIGINT AS n,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
-    FROM walked GROUP BY cell_key, metric
 )
 SELECT
     c.campaign_id, c.cell_id, c.cell_key, c.variant, c.method, c.k, c.repeat, c.workload, c.load_mode,
-    c.load_label, c.concurrency, c.rate, r.metric, r.n,
-    sketch_quantile(r.p50_lo, r.p50_hi, 0.50, r.n) AS p50_s,
-    sketch_quantile(r.p90_lo, r.p90_hi, 0.90, r.n) AS p90_s,
-    sketch_quantile(r.p95_lo, r.p95_hi, 0.95, r.n) AS p95_s,
-    sketch_quantile(r.p99_lo, r.p99_hi, 0.99, r.n) AS p99_s
-FROM ranks r JOIN latest_ok c USING (cell_key);
+    c.load_label, c.concurrency, c.rate, r.metric, r.n, r.p50_s, r.p90_s, r.p95_s, r.p99_s
+FROM sketch_percentiles(summed) r JOIN latest_ok c ON c.cell_key = r.sketch_key;
 
 -- Per campaign, variant, workload and load (over all their cells: repeats, blocks) and metric: the cells'
 -- sketches merged (counts summed per bucket), then the same rank walk. The exact alternative, slower as the
@@ -429,25 +437,9 @@ WITH latest_ok AS (
     FROM cells WHERE status = 'ok'
     QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
 ), merged AS (  -- grouped by one integer, not four strings: the big step of the view
-    SELECT c.group_no, s.metric, s.bucket, sum(s.count)::BIGINT AS count
+    SELECT c.group_no AS sketch_key, s.metric, s.bucket, sum(s.count)::BIGINT AS count
     FROM cell_sketches s JOIN latest_ok c USING (cell_key)
     GROUP BY c.group_no, s.metric, s.bucket
-), walked AS (
-    SELECT group_no, metric, bucket,
-           sum(count) OVER (PARTITION BY group_no, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
-           sum(count) OVER (PARTITION BY group_no, metric) AS n
-    FROM merged
-), ranks AS (
-    SELECT group_no, metric, any_value(n)::BIGINT AS n,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
-    FROM walked GROUP BY group_no, metric
 ), groups AS (
     SELECT group_no, any_value(campaign_id) AS campaign_id, any_value(variant) AS variant,
            any_value(method) AS method, any_value(k) AS k, any_value(workload) AS workload,
@@ -457,9 +449,5 @@ WITH latest_ok AS (
 )
 SELECT
     g.campaign_id, g.variant, g.method, g.k, g.workload, g.load_mode, g.load_label, g.concurrency, g.rate,
-    g.cells, r.metric, r.n,
-    sketch_quantile(r.p50_lo, r.p50_hi, 0.50, r.n) AS p50_s,
-    sketch_quantile(r.p90_lo, r.p90_hi, 0.90, r.n) AS p90_s,
-    sketch_quantile(r.p95_lo, r.p95_hi, 0.95, r.n) AS p95_s,
-    sketch_quantile(r.p99_lo, r.p99_hi, 0.99, r.n) AS p99_s
-FROM ranks r JOIN groups g USING (group_no);
+    g.cells, r.metric, r.n, r.p50_s, r.p90_s, r.p95_s, r.p99_s
+FROM sketch_percentiles(merged) r JOIN groups g ON g.group_no = r.sketch_key;

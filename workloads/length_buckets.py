@@ -27,7 +27,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specgauge.errors import InputError, WorkloadError
 from specgauge.names import safe_name_problem
-from specgauge.settings import REPO_ROOT, get_settings
+from specgauge.settings import REPO_ROOT
+from specgauge.worker_python import python_with
 
 WORKER = Path(__file__).resolve().parent / "token_count_worker.py"
 BUCKET_PATTERN = re.compile(r"^(?P<base>.+)-len-(?P<low>\d{4,})$")
@@ -129,17 +129,7 @@ def parse_bucket_spec(data: dict[str, Any], source: str = "length buckets") -> B
 
 def worker_python() -> Path:
     """A Python with `transformers`: this one, else the engine's (SPECGAUGE_ENGINE_PYTHON)."""
-    import importlib.util
-
-    if importlib.util.find_spec("transformers"):
-        return Path(sys.executable)
-    engine = Path(get_settings().engine_python)
-    if engine.exists():
-        return engine
-    raise InputError(
-        f"no Python with transformers to count tokens: this one ({sys.executable}) lacks it and the engine's "
-        f"({engine}) does not exist; run `make engine` or set SPECGAUGE_ENGINE_PYTHON"
-    )
+    return python_with(("transformers",), InputError, purpose=" to count tokens")
 
 
 class TokenCounter:

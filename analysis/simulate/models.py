@@ -9,11 +9,9 @@ model files' sizes and times, so a second replay of the same campaign does not r
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +20,7 @@ from typing import Any
 
 from specgauge.errors import InputError
 from specgauge.settings import get_settings
+from specgauge.worker_python import python_with, run_script, worker_env
 
 WORKER = Path(__file__).resolve().with_name("model_worker.py")
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
@@ -33,15 +32,7 @@ class ModelWorkerError(InputError):
 
 def model_python() -> Path:
     """An interpreter with torch and transformers, or ModelWorkerError saying where it looked."""
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-        return Path(sys.executable)
-    engine = get_settings().engine_python
-    if Path(engine).exists():
-        return Path(engine)
-    raise ModelWorkerError(
-        f"no Python with torch and transformers: this one ({sys.executable}) lacks them and the engine's "
-        f"({engine}) does not exist; run `make engine` or set SPECGAUGE_ENGINE_PYTHON"
-    )
+    return python_with(("torch", "transformers"), ModelWorkerError)
 
 
 def _fingerprint(paths: list[str]) -> list[list[Any]]:
@@ -56,21 +47,10 @@ def _fingerprint(paths: list[str]) -> list[list[Any]]:
     return prints
 
 
-def _worker_env() -> dict[str, str]:
-    return {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-
-
 def _run_once(payload: str, op: str) -> dict[str, Any]:
     """One op in a process of its own."""
     python = model_python()
-    done = subprocess.run(
-        [str(python), str(WORKER)],
-        input=payload,
-        capture_output=True,
-        text=True,
-        env=_worker_env(),
-        check=False,
-    )
+    done = run_script(python, WORKER, payload)
     if done.returncode != 0:
         raise ModelWorkerError(
             f"model worker ({python} {WORKER}, op {op}) failed with exit {done.returncode}: "
@@ -97,7 +77,7 @@ class _Session:
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
                 text=True,
-                env=_worker_env(),
+                env=worker_env(),
             )
         assert self.process.stdin is not None and self.process.stdout is not None
         try:

@@ -9,7 +9,6 @@ The rules follow vLLM 0.32 (`vllm/model_executor/models/llama_eagle3.py`,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 from experiments.methods import REGISTRY
 from specgauge.errors import InputError
+from specgauge.provenance import sha256_file
 
 # Head architectures vLLM 0.32 maps to an EAGLE-3 model: `_SPECULATIVE_DECODING_MODELS` in
 # vllm/model_executor/models/registry.py, architecture -> the vLLM module that implements it.
@@ -108,14 +108,6 @@ def aux_layer_ids(head: dict[str, Any]) -> list[Any] | None:
     eagle_config = head.get("eagle_config") if isinstance(head.get("eagle_config"), dict) else {}
     ids = head.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get("eagle_aux_hidden_state_layer_ids")
     return list(ids) if isinstance(ids, list | tuple) and ids else None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def llama_eagle3_layer(hidden: int, q_out: int, kv_out: int, inter: int) -> dict[str, tuple[int, ...]]:

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,6 +35,7 @@ import polars as pl
 
 from specgauge.errors import ArtifactError, InputError, WorkloadError
 from specgauge.settings import REPO_ROOT, get_settings
+from specgauge.worker_python import python_with, run_script
 
 WORKER = Path(__file__).resolve().with_name("head_worker.py")
 
@@ -78,33 +76,16 @@ class Example:
 
 def worker_python() -> Path:
     """An interpreter with torch and transformers: this one, else the engine's (SPECGAUGE_ENGINE_PYTHON)."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-        return Path(sys.executable)
-    engine = Path(get_settings().engine_python)
-    if engine.exists():
-        return engine
-    raise HeadWorkerError(
-        f"no Python with torch and transformers: this one ({sys.executable}) lacks them and the engine's "
-        f"({engine}) does not exist; run `make engine` or set SPECGAUGE_ENGINE_PYTHON"
-    )
+    return python_with(("torch", "transformers"), HeadWorkerError)
 
 
 def run_worker(request: dict[str, Any], *, log: Path | None = None) -> dict[str, Any]:
     """One op of head_worker.py in a process of its own; its stderr goes to `log` when given."""
     python = worker_python()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    with open(log, "a", encoding="utf-8") if log else open(os.devnull, "w") as err_sink:
-        done = subprocess.run(
-            [str(python), str(WORKER)],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        err_sink.write(done.stderr)
+    done = run_script(python, WORKER, json.dumps(request))
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as err_sink:
+            err_sink.write(done.stderr)
     if done.returncode != 0:
         raise HeadWorkerError(
             f"head worker ({python} {WORKER}, op {request['op']}) failed with exit {done.returncode}: "

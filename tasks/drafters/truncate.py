@@ -17,9 +17,7 @@ interrupted build leaves nothing a later run would take for finished.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from experiments.spec import ExperimentSpec
 from specgauge.checkpoints import drafter_digest
 from specgauge.errors import InputError
 from specgauge.truncation import TRUNCATION_KEY, truncated_dir
+from specgauge.worker_python import run_script
 from tasks.drafters.training_data import worker_python
 
 WORKER = Path(__file__).resolve().with_name("truncate_worker.py")
@@ -79,15 +78,7 @@ def _matching(slot: Path, source_sha: str, layers: int) -> bool:
 
 def _run_worker(request: dict[str, Any]) -> dict[str, Any]:
     python = worker_python()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    done = subprocess.run(
-        [str(python), str(WORKER)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    done = run_script(python, WORKER, json.dumps(request))
     if done.returncode != 0:
         raise InputError(
             f"truncating {request['source']} to {request['layers']} layers failed ({python} {WORKER}, "

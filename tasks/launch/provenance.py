@@ -39,6 +39,7 @@ import psutil
 
 from artifacts import layout
 from artifacts.documents import ProvenanceFacts
+from specgauge.provenance import sha256_file
 from specgauge.redact import redact_text
 
 # What makes a target what it is (README.md and training cards are not: an edited card is the same model).
@@ -62,7 +63,6 @@ IDENTITY_PATTERNS = (
     "chat_template.json",
 )
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-_CHUNK = 1 << 20
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()  # an overlay record with nothing applied
 
 
@@ -74,14 +74,6 @@ def target_files(directory: Path) -> list[Path]:
     """The files whose content is the target's identity, by name."""
     found = {f for pattern in IDENTITY_PATTERNS for f in Path(directory).glob(pattern) if f.is_file()}
     return sorted(found, key=lambda f: f.name)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _cache_file(cache_dir: Path, directory: Path) -> Path:
@@ -129,7 +121,7 @@ def target_digest(directory: Path | str, cache_dir: Path | None) -> dict[str, An
         if isinstance(known, list) and known[:2] == [stat.st_size, stat.st_mtime_ns]:
             entries[file.name] = known
         else:
-            entries[file.name] = [stat.st_size, stat.st_mtime_ns, _file_sha256(file)]
+            entries[file.name] = [stat.st_size, stat.st_mtime_ns, sha256_file(file)]
             rehashed += 1
     if cache_path is not None and (rehashed or set(cached) != set(entries)):
         _write_cache(cache_path, directory, entries)

@@ -456,22 +456,48 @@ class _DaskCell:
         )
 
 
+@dataclass(frozen=True)
+class ServerAccess:
+    """The server the shares load and how their clients reach it (`StreamingClient`'s settings)."""
+
+    base_url: str | Sequence[str]  # several: share i uses the (i mod len)-th (benchmarks: one emulator each)
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    authorization: str | None = field(default=None, repr=False)  # a whole Authorization value
+    timeout_s: float = 300.0
+    endpoint: Endpoint = "chat"
+
+    def client_settings(self, share: int) -> dict[str, Any]:
+        """StreamingClient's keyword arguments for share `share` (what a `DaskShareJob` carries)."""
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return {
+            "base_url": urls[share % len(urls)],
+            "model": self.model,
+            "api_key": self.api_key,
+            "authorization": self.authorization,
+            "timeout_s": self.timeout_s,
+            "endpoint": self.endpoint,
+        }
+
+
+@dataclass(frozen=True)
+class CellHooks:
+    """The cell's side of its load: what runs around the measured window, and where the records go."""
+
+    before_measured: Hook | None = None  # once every warm-up ended, before the window opens
+    after_measured: Hook | None = None  # once every share ended
+    on_record: Callable[[RequestRecord], None] | None = None  # each record as it arrives
+    t0: float | None = None  # the records' origin on the parent's perf_counter (None: now)
+
+
 async def run_load_dask(
     client: Client,
-    base_url: str | Sequence[str],
-    model: str,
+    server: ServerAccess,
     prompts: Sequence[Prompt],
     plan: LoadPlan,
     sampling: Sampling,
+    hooks: CellHooks | None = None,
     *,
-    api_key: str | None = None,
-    authorization: str | None = None,
-    timeout_s: float = 300.0,
-    endpoint: Endpoint = "chat",
-    before_measured: Hook | None = None,
-    after_measured: Hook | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    t0: float | None = None,
     max_clock_offset_ms: float = DEFAULT_MAX_OFFSET_MS,
     max_clock_uncertainty_ms: float = DEFAULT_MAX_UNCERTAINTY_MS,
     start_timeout_s: float = 300.0,
@@ -479,8 +505,8 @@ async def run_load_dask(
     facts: dict[str, Any] | None = None,
 ) -> DaskLoadResult:
     """Run one cell's load as one share per worker of the Dask cluster `client` reaches (see the module's
-    docstring); W + N records with the cell's indices, on the parent's clock (`t0`, a perf_counter value,
-    default now), each passed to `on_record` as it arrives.
+    docstring); W + N records with the cell's indices, on the parent's clock (`hooks.t0`, a perf_counter
+    value, default now), each passed to `hooks.on_record` as it arrives.
 
     W is the number of Dask workers (at most the plan's streams and measured requests). The result's
     `cluster` holds the scheduler, each host's workers and clock offset, and the start's lead. Raises
@@ -488,27 +514,19 @@ async def run_load_dask(
     worker leaves the cluster, after passing every record sent so far to `on_record`. `facts`, if given, is
     filled with the result's `cluster` as soon as each part is known, so that a failed cell records its hosts
     and offsets too. `clock_skew` (share index: seconds) makes a share's clock look off, for tests.
-    `base_url` may list several servers: share i uses the (i mod len)-th (benchmarks run one emulator each).
     """
-    t0 = time.perf_counter() if t0 is None else t0
-    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    hooks = CellHooks() if hooks is None else hooks
+    t0 = time.perf_counter() if hooks.t0 is None else hooks.t0
     where = await asyncio.to_thread(placement, client)
     if not where:
         raise WorkerFailed("load on the Dask cluster: the cluster has no workers")
     shares = split_plan(plan, prompts, len(where))
-    settings = {
-        "model": model,
-        "api_key": api_key,
-        "authorization": authorization,
-        "timeout_s": timeout_s,
-        "endpoint": endpoint,
-    }
-    cell = _DaskCell(client, shares, where[: len(shares)], on_record, t0)
+    cell = _DaskCell(client, shares, where[: len(shares)], hooks.on_record, t0)
     jobs = [
         DaskShareJob(
             share,
             sampling,
-            {**settings, "base_url": urls[share.worker % len(urls)]},
+            server.client_settings(share.worker),
             cell.names.prefix,
             start_timeout_s,
             (clock_skew or {}).get(share.worker, 0.0),
@@ -534,8 +552,8 @@ async def run_load_dask(
             await asyncio.to_thread(cell.go.set)
             await cell.wait(lambda: len(cell.warmed) == len(shares), plan.time_cap_s + 60, "every warm-up")
         if not cell.errors and cell.start_perf is not None:
-            if before_measured is not None:
-                await before_measured()
+            if hooks.before_measured is not None:
+                await hooks.before_measured()
             start_s = time.perf_counter() - t0
             await asyncio.to_thread(cell.window.set)
             await cell.wait(cell.ended, plan.time_cap_s + 60, "the end of every share")
@@ -552,8 +570,8 @@ async def run_load_dask(
     shift = cell.start_perf - t0
     ends = [d["measured_end_s"] + shift for d in cell.done.values() if d.get("measured_end_s") is not None]
     measured_end = max(ends) if ends else None
-    if after_measured is not None:
-        await after_measured()
+    if hooks.after_measured is not None:
+        await hooks.after_measured()
     notes = sorted({note for d in cell.done.values() for note in d.get("notes") or []})
     notes.append(f"load from {len(shares)} Dask workers on {len(facts['hosts'])} hosts")
     capped = any(d.get("capped") for d in cell.done.values())

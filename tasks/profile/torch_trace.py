@@ -24,15 +24,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from tasks.profile import breakdown
 from tasks.profile import intervals as iv
-from tasks.profile.breakdown import (
-    Breakdown,
-    ProfileError,
-    Step,
-    WindowCounters,
-    compute_breakdown,
-    parse_step_annotation,
-)
 
 SOURCE = "torch-profiler"
 TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json")
@@ -71,16 +64,18 @@ def find_worker_trace(path: Path | str) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise ProfileError(f"{path}: no such trace file or directory")
+        raise breakdown.ProfileError(f"{path}: no such trace file or directory")
     found = sorted({p for pattern in TRACE_GLOBS for p in path.glob(pattern) if FRONTEND_MARK not in p.name})
     if not found:
-        raise ProfileError(
+        raise breakdown.ProfileError(
             f"{path}: no worker trace (*.pt.trace.json[.gz] other than the {FRONTEND_MARK} front end)"
         )
     rank0 = [p for p in found if p.name.startswith("rank0.")] or found
     if len(rank0) > 1:
         names = ", ".join(p.name for p in rank0)
-        raise ProfileError(f"{path}: several worker traces ({names}); name the file of the window you want")
+        raise breakdown.ProfileError(
+            f"{path}: several worker traces ({names}); name the file of the window you want"
+        )
     return rank0[0]
 
 
@@ -91,11 +86,11 @@ def load_trace(path: Path | str) -> dict[str, Any]:
         text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
         data = json.loads(text)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise ProfileError(f"{path}: unreadable trace: {exc}") from None
+        raise breakdown.ProfileError(f"{path}: unreadable trace: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: not a Chrome-trace JSON: {exc}") from None
+        raise breakdown.ProfileError(f"{path}: not a Chrome-trace JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ProfileError(f"{path}: not a Chrome-trace JSON object (no traceEvents list)")
+        raise breakdown.ProfileError(f"{path}: not a Chrome-trace JSON object (no traceEvents list)")
     return data
 
 
@@ -110,10 +105,12 @@ def _complete_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
 def worker_thread(events: list[dict[str, Any]], source: str = "<trace>") -> tuple[Any, Any]:
     """(pid, tid) of the thread carrying the per-step annotations."""
     counts = Counter(
-        (e.get("pid"), e.get("tid")) for e in events if parse_step_annotation(str(e["name"])) is not None
+        (e.get("pid"), e.get("tid"))
+        for e in events
+        if breakdown.parse_step_annotation(str(e["name"])) is not None
     )
     if not counts:
-        raise ProfileError(
+        raise breakdown.ProfileError(
             f"{source}: no per-step annotations (execute_context_N(T)_generation_M(T)): is this vLLM's "
             "worker trace (rank*.pt.trace.json.gz), recorded with --profiler-config profiler=torch?"
         )
@@ -139,7 +136,7 @@ def _position_times(drafting: list[iv.Interval], passes: list[iv.Interval]) -> t
     return tuple(iv.length(iv.clip(drafting, a, b)) for a, b in pairwise(cuts))
 
 
-def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[Step]:
+def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[breakdown.Step]:
     """Engine steps of a worker trace, with drafting / verification / rejection time per step."""
     events = _complete_events(trace)
     pid, tid = worker_thread(events, source)
@@ -150,7 +147,7 @@ def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[
         name = str(event["name"])
         start = float(event["ts"])
         span = (start, start + float(event["dur"]))
-        parsed = parse_step_annotation(name)
+        parsed = breakdown.parse_step_annotation(name)
         if parsed is not None:
             annotations.append((start, parsed))
             continue
@@ -159,7 +156,7 @@ def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[
                 raw[category].append(span)
     engine = iv.union(raw["engine"])
     if not engine:
-        raise ProfileError(
+        raise breakdown.ProfileError(
             f"{source}: no worker-call ranges (e.g. 'gpu_worker.py(...): execute_model'): record the trace "
             "with Python stacks (torch_profiler_with_stack, vLLM's default)"
         )
@@ -178,14 +175,14 @@ def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[
         starts.append(around[0] if around else at)
     ends = [*starts[1:], max(engine[-1][1], starts[-1])]
     origin = starts[0]
-    steps: list[Step] = []
+    steps: list[breakdown.Step] = []
     for index, ((_, (ctx_req, ctx_tok, gen_req, gen_tok)), a, b) in enumerate(
         zip(annotations, starts, ends, strict=True)
     ):
         step_drafting = iv.clip(drafting, a, b)
         step_passes = [p for p in passes if iv.containing(step_drafting, p[0]) is not None]
         steps.append(
-            Step(
+            breakdown.Step(
                 index=index,
                 t_s=(a - origin) / 1e6,
                 context_requests=ctx_req,
@@ -207,12 +204,12 @@ def steps_from_trace(trace: dict[str, Any], *, source: str = "<trace>") -> list[
 
 
 def analyze_trace(
-    path: Path | str, counters: WindowCounters | None = None, *, k: int | None = None
-) -> Breakdown:
+    path: Path | str, counters: breakdown.WindowCounters | None = None, *, k: int | None = None
+) -> breakdown.Breakdown:
     """The breakdown of one profiled window from its worker trace (a file or vLLM's trace directory)."""
     trace_path = find_worker_trace(path)
     steps = steps_from_trace(load_trace(trace_path), source=str(trace_path))
-    return compute_breakdown(steps, counters, k=k, source=SOURCE)
+    return breakdown.compute_breakdown(steps, counters, k=k, source=SOURCE)
 
 
 def trim_trace(src: Path | str, dst: Path | str) -> dict[str, int]:
@@ -233,7 +230,7 @@ def trim_trace(src: Path | str, dst: Path | str) -> dict[str, int]:
                 and e.get("pid") == pid
                 and e.get("tid") == tid
                 and (
-                    parse_step_annotation(str(e.get("name", ""))) is not None
+                    breakdown.parse_step_annotation(str(e.get("name", ""))) is not None
                     or any(p.search(str(e.get("name", ""))) for p in RANGES.values())
                 )
             )

@@ -79,3 +79,39 @@ def squeue(*fields: str) -> list[list[str]]:
 
 def live_job_ids() -> set[str]:
     return {row[0] for row in squeue("%i")}
+
+
+def save_cluster_blocks(
+    ssh_block: str,
+    cluster_block: str,
+    *,
+    engine_command: str,
+    remote_dir: Path,
+    time_limit: str,
+    env: dict[str, str] | None = None,
+) -> None:
+    """The test cluster as Prefect blocks saved to the current Prefect API: `ssh_block`, the test sshd with its
+    key, and `cluster_block`, partition debug over it, one CPU a job and port 0 (jobs on the one node each take
+    a free port), the engine started as `engine_command`."""
+    # imported here: the blocks import Prefect, which most users of this module never need
+    from blocks.cluster_ssh import ClusterSSHBlock
+    from blocks.slurm_cluster import SlurmClusterBlock
+
+    plain = ssh_config()
+    ClusterSSHBlock(
+        host=plain.host,
+        port=plain.port,
+        user=plain.user,
+        private_key=(SSHD_DIR / "client_ed25519").read_text(),
+        known_hosts=str(plain.known_hosts),
+    ).save(ssh_block, overwrite=True)
+    SlurmClusterBlock(
+        partition="debug",
+        time_limit=time_limit,
+        cpus_per_task=1,
+        remote_dir=str(remote_dir),
+        engine_command=engine_command,
+        env=env or {},
+        port=0,
+        ssh_block=ssh_block,
+    ).save(cluster_block, overwrite=True)

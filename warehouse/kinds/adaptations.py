@@ -63,15 +63,21 @@ class AdaptationModel(pa.DataFrameModel):
     Config = Strict
 
 
-class AdaptationComparisonModel(pa.DataFrameModel):
+class _NewOverOld(pa.DataFrameModel):
+    """The columns a comparison and a verdict share: where (stratum, load) and new over old with its
+    interval over repeats."""
+
     adaptation_key: pl.String = pa.Field()
     stratum: pl.String = pa.Field(str_length={"min_value": 1})
     load_label: pl.String = pa.Field(str_length={"min_value": 1})
-    metric: pl.String = pa.Field(isin=METRICS)
     estimate: pl.Float64 = pa.Field(nullable=True, gt=0)
     ci_low: pl.Float64 = pa.Field(nullable=True, gt=0)
     ci_high: pl.Float64 = pa.Field(nullable=True, gt=0)
     n_repeats: pl.Int32 = pa.Field(ge=0)
+
+
+class AdaptationComparisonModel(_NewOverOld):
+    metric: pl.String = pa.Field(isin=METRICS)
     interval: pl.String = pa.Field()
     ratios: pl.String = pa.Field()
     repeats: pl.String = pa.Field()
@@ -91,16 +97,9 @@ class AdaptationComparisonModel(pa.DataFrameModel):
     Config = Strict
 
 
-class AdaptationVerdictModel(pa.DataFrameModel):
-    adaptation_key: pl.String = pa.Field()
-    stratum: pl.String = pa.Field(str_length={"min_value": 1})
-    load_label: pl.String = pa.Field(str_length={"min_value": 1})
+class AdaptationVerdictModel(_NewOverOld):
     target: pl.Boolean = pa.Field()
     gain_metric: pl.String = pa.Field(isin=METRICS)
-    estimate: pl.Float64 = pa.Field(nullable=True, gt=0)
-    ci_low: pl.Float64 = pa.Field(nullable=True, gt=0)
-    ci_high: pl.Float64 = pa.Field(nullable=True, gt=0)
-    n_repeats: pl.Int32 = pa.Field(ge=0)
     harm_ok: pl.Boolean = pa.Field()
     worst_other: pl.String = pa.Field(nullable=True)
     success_ok: pl.Boolean = pa.Field()

@@ -86,13 +86,16 @@ def directory_refs(
         )
 
 
-def file_refs(kind: str, paths: Iterable[Path], campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
+def file_refs(
+    kind: str, paths: Iterable[Path], campaign_dir: Path, prefix: str, *, campaign_keyed: bool = True
+) -> Iterator[ArtifactRef]:
     """One ref per single-file artifact (RAW/<campaign>/<folder>/<name>.json, e.g. a gate verdict), keyed
-    `<campaign_id>/<name>`; the folder holds the campaign's others of its kind."""
+    `<campaign_id>/<name>`, or `<name>` (`campaign_keyed` False) where the name is unique across campaigns;
+    the folder holds the campaign's others of its kind."""
     for path in paths:
         yield ArtifactRef(
             kind,
-            f"{campaign_dir.name}/{path.stem}",
+            f"{campaign_dir.name}/{path.stem}" if campaign_keyed else path.stem,
             path.parent,
             f"{prefix}/{path.parent.name}/{path.name}",
             campaign_dir.name,

@@ -19,7 +19,7 @@ from artifacts import layout
 from artifacts.documents import ProvenanceFacts
 from warehouse.errors import ArtifactInvalid
 from warehouse.frames import Files, canonical_json, to_frame
-from warehouse.kinds.base import ArtifactKind, ArtifactRef
+from warehouse.kinds.base import ArtifactKind, ArtifactRef, file_refs
 from warehouse.kinds.columns import SHA256_LENGTH, main_table, source_columns
 from warehouse.models import Strict
 
@@ -81,21 +81,15 @@ def environment_frames(ref: ArtifactRef, files: Files, sha256: str) -> dict[str,
 
 def _discover(campaign_dir: Path, prefix: str) -> Iterator[ArtifactRef]:
     """RAW/<campaign>/environments/<sha256>.txt, keyed by the hash alone."""
-    folder = Path(campaign_dir) / layout.ENVIRONMENTS
+    folder = campaign_dir / layout.ENVIRONMENTS
     if not folder.is_dir():
         return
-    for path in sorted(folder.glob("*.txt")):
-        stem = path.stem
-        if layout.is_temporary(path.name) or len(stem) != 64 or not set(stem) <= _SHA256_NAME:
-            continue
-        yield ArtifactRef(
-            "environments",
-            stem,
-            folder,
-            f"{prefix}/{layout.ENVIRONMENTS}/{path.name}",
-            campaign_dir.name,
-            stem,
-        )
+    locks = (
+        path
+        for path in sorted(folder.glob("*.txt"))
+        if not layout.is_temporary(path.name) and len(path.stem) == 64 and set(path.stem) <= _SHA256_NAME
+    )
+    yield from file_refs("environments", locks, campaign_dir, prefix, campaign_keyed=False)
 
 
 KIND = ArtifactKind(

@@ -15,13 +15,13 @@ from artifacts.documents import utc_datetime
 from artifacts.documents.sampling_checks import SamplingCheckDocument
 from warehouse.frames import Files, canonical_json, to_frame
 from warehouse.kinds.base import file_document, file_kind, placed
-from warehouse.kinds.columns import main_table, placed_columns, source_columns, tool_columns
+from warehouse.kinds.columns import Tool, main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
 OUTCOMES = ["pass", "fail", "inconclusive"]
 
 
-@main_table("check")
+@main_table("check", last=(Tool,))
 class SamplingCheckModel(pa.DataFrameModel):
     treatment_variant: pl.String = pa.Field()
     method: pl.String = pa.Field(nullable=True)
@@ -43,8 +43,6 @@ class SamplingCheckModel(pa.DataFrameModel):
     deployments: pl.List(pl.String) = pa.Field()  # plain, treatment, plain again
     rule: pl.String = pa.Field()  # JSON
     created_utc: pl.Datetime = pa.Field(nullable=True)
-    specgauge_version: pl.String = pa.Field(nullable=True)
-    git_revision: pl.String = pa.Field(nullable=True)
 
     @pa.dataframe_check(error="passed must be outcome == 'pass'")
     def passed_matches_outcome(cls, data: Any) -> pl.LazyFrame:
