@@ -5,26 +5,31 @@ against what is known: how long utilization stayed high against the loop's measu
 and fell against the loop's start and end, the energy integrated from power against NVML's own energy
 counter, and peak memory used against what PyTorch reserved on top of the idle reading.
 
-Needs a CUDA GPU and a Python with torch (CUDA build), nvidia-ml-py, polars and this repository importable
-(`pip install -e .` in that environment); it refuses to run otherwise. NOT RUN YET: the session that wrote it
-had no GPU (docs/telemetry.md, "Validation on a real GPU").
+Needs a CUDA GPU, a Python with torch (CUDA build) and nvidia-ml-py, and this repository on PYTHONPATH. The
+analysis needs polars and the project's packages too; where the GPU host's Python lacks them (the device
+machine's did: its polars wheel would not fit what a run may carry), `--record FILE` runs the windows there
+with the sampler alone (tasks/metrics/gpu_sampler.py: standard library only) and writes what it saw and what
+is known, and `--analyze FILE` prints the table from that file on any machine with the project's venv.
+Results: docs/telemetry.md, "Validation on a real GPU".
 
     python benchmarks/gpu_telemetry_check.py [--seconds 10] [--size 8192] [--idle 3] [--interval 0.1]
-                                             [--source both|nvml|nvidia-smi] [--device 0]
+                                             [--source both|nvml|nvidia-smi] [--device 0] [--record FILE]
+    .venv/bin/python benchmarks/gpu_telemetry_check.py --analyze FILE
     .venv/bin/python benchmarks/gpu_telemetry_check.py --absent-cost 200   # any machine: the absent path's cost
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-import polars as pl
-
-from tasks.metrics.gpu_telemetry import GpuTelemetry
+from tasks.metrics.gpu_sampler import GpuSampler
 
 _MIB = 1024 * 1024
 BUSY_UTILIZATION_PCT = 50.0  # a sample at or above this counts as "high utilization"
@@ -42,7 +47,7 @@ class Known:
     reserved_mib: float  # torch.cuda.max_memory_reserved during the loop
 
 
-def _matmul_loop(torch: Any, device: int, size: int, seconds: float, telemetry: GpuTelemetry) -> Known:
+def _matmul_loop(torch: Any, device: int, size: int, seconds: float, telemetry: GpuSampler) -> Known:
     assert telemetry.started_at is not None
     dev = torch.device("cuda", device)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
@@ -76,45 +81,67 @@ def _matmul_loop(torch: Any, device: int, size: int, seconds: float, telemetry: 
     )
 
 
-def _busy_span(samples: pl.DataFrame) -> tuple[float | None, float | None]:
-    busy = samples.filter(pl.col("utilization_pct") >= BUSY_UTILIZATION_PCT)["t_s"]
-    return (busy.min(), busy.max()) if busy.len() else (None, None)  # type: ignore[return-value]
+def record_one(torch: Any, source: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One window on `source`: idle, the loop, idle. What the sampler saw and what is known, as plain data."""
+    nvml: Any = None
+    if source == "nvml":
+        import pynvml
+
+        nvml = pynvml
+    sampler = GpuSampler(
+        interval_s=args.interval, nvml=nvml, nvidia_smi="nvidia-smi" if source == "nvidia-smi" else None
+    )
+    sampler.start()
+    if sampler.state != "ok":
+        raise SystemExit(f"{source}: {sampler.status}")
+    time.sleep(args.idle)
+    known = _matmul_loop(torch, args.device, args.size, args.seconds, sampler)
+    time.sleep(args.idle)
+    sampler.stop()
+    return {
+        "source": source,
+        "device": args.device,
+        "interval_s": args.interval,
+        "state": sampler.state,
+        "status": sampler.status,
+        "window_s": sampler.window_s,
+        "names": sampler.names,
+        "errors": sampler.errors,
+        "read_failures": sampler.read_failures,
+        "rows": sampler.rows(),
+        "known": asdict(known),
+    }
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def run_one(torch: Any, source: str, args: argparse.Namespace) -> dict[str, str]:
-    nvml: Any = None
-    if source == "nvml":
-        import pynvml
+def analyze_one(window: dict[str, Any]) -> dict[str, str]:
+    """The table's column for one recorded window, summarised by the cell's own code (summarize)."""
+    import polars as pl  # here, not at the top: --record runs where polars is not installed
 
-        nvml = pynvml
-    telemetry = GpuTelemetry(
-        interval_s=args.interval, nvml=nvml, nvidia_smi="nvidia-smi" if source == "nvidia-smi" else None
-    )
-    telemetry.start()
-    if telemetry.state != "ok":
-        raise SystemExit(f"{source}: {telemetry.status}")
-    time.sleep(args.idle)
-    known = _matmul_loop(torch, args.device, args.size, args.seconds, telemetry)
-    time.sleep(args.idle)
-    telemetry.stop()
-    doc = telemetry.document()
-    samples = telemetry.frame().filter(pl.col("gpu_index") == args.device).sort("t_s")
-    gpu = next(g for g in doc.gpus if g.gpu_index == args.device)
+    from artifacts.documents.gpu_telemetry import GPU_SAMPLE_SCHEMA
+    from tasks.metrics.gpu_telemetry import summarize
+
+    known = Known(**window["known"])
+    device, interval = window["device"], window["interval_s"]
+    frame = pl.DataFrame(window["rows"], schema=GPU_SAMPLE_SCHEMA, orient="row")
+    names = {int(k): v for k, v in window["names"].items()}
+    gpu = next(g for g in summarize(frame, window["window_s"], names) if g.gpu_index == device)
+    samples = frame.filter(pl.col("gpu_index") == device).sort("t_s")
     idle_memory = samples.filter(pl.col("t_s") < known.loop_start_s)["memory_used_mib"].min()
-    rise, fall = _busy_span(samples)
-    busy_s = None if rise is None or fall is None else fall - rise + args.interval
+    busy = samples.filter(pl.col("utilization_pct") >= BUSY_UTILIZATION_PCT)["t_s"]
+    rise, fall = (busy.min(), busy.max()) if busy.len() else (None, None)
+    busy_s = None if rise is None or fall is None else fall - rise + interval  # type: ignore[operator]
     return {
-        "source": source,
-        "GPU": f"{args.device}: {gpu.name}",
-        "samples": str(gpu.samples),
+        "source": window["source"],
+        "GPU": f"{device}: {gpu.name}",
+        "samples (read failures)": f"{gpu.samples} ({window['read_failures']})",
         "loop s (CUDA events)": _fmt(known.cuda_s),
         f"util >= {BUSY_UTILIZATION_PCT:.0f}% s": _fmt(busy_s),
-        "rise - loop start s": _fmt(None if rise is None else rise - known.loop_start_s),
-        "fall - loop end s": _fmt(None if fall is None else fall - known.loop_end_s),
+        "rise - loop start s": _fmt(None if rise is None else rise - known.loop_start_s),  # type: ignore[operator]
+        "fall - loop end s": _fmt(None if fall is None else fall - known.loop_end_s),  # type: ignore[operator]
         "energy J (power)": _fmt(gpu.energy_j, 1),
         "energy J (NVML counter)": _fmt(gpu.energy_counter_j, 1),
         "mean W / max W": f"{_fmt(gpu.mean_power_w, 1)} / {_fmt(gpu.max_power_w, 1)}",
@@ -125,15 +152,26 @@ def run_one(torch: Any, source: str, args: argparse.Namespace) -> dict[str, str]
         ),
         "mean SM MHz": _fmt(gpu.mean_sm_clock_mhz, 0),
         "matmul TFLOP/s": _fmt(known.tflops, 1),
-        "window s": _fmt(doc.window_s),
+        "window s": _fmt(window["window_s"]),
     }
+
+
+def print_table(record: dict[str, Any]) -> None:
+    rows = [analyze_one(w) for w in record["windows"]]
+    print(f"# recorded {record['recorded_utc']} UTC on {record['host']}: {record['command']}")
+    for line in record.get("environment", []):
+        print(f"# {line}")
+    width = max(len(k) for k in rows[0])
+    for key in rows[0]:
+        print(f"{key:<{width}}  " + "  ".join(f"{r[key]:>28}" for r in rows))
 
 
 def absent_cost(windows: int) -> None:
     """What telemetry adds to a cell where there is no GPU (every cell of the CPU engine): start, stop and
     writing gpu_telemetry.json, the defaults' probes (import pynvml, nvmlInit, PATH lookup) included."""
     import tempfile
-    from pathlib import Path
+
+    from tasks.metrics.gpu_telemetry import GpuTelemetry
 
     times = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,9 +204,16 @@ def main() -> None:
     parser.add_argument(
         "--absent-cost", type=int, metavar="N", help="no GPU needed: time N windows of the absent path"
     )
+    parser.add_argument(
+        "--record", type=Path, metavar="FILE", help="write the windows to FILE, do not analyse"
+    )
+    parser.add_argument("--analyze", type=Path, metavar="FILE", help="print the table of a --record FILE")
     args = parser.parse_args()
     if args.absent_cost:
         absent_cost(args.absent_cost)
+        return
+    if args.analyze:
+        print_table(json.loads(args.analyze.read_text()))
         return
     try:
         import torch
@@ -177,11 +222,20 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: this check needs one (docs/telemetry.md)")
     sources = ["nvml", "nvidia-smi"] if args.source == "both" else [args.source]
-    rows = [run_one(torch, source, args) for source in sources]
-    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, {' '.join(sys.argv)}")
-    width = max(len(k) for k in rows[0])
-    for key in rows[0]:
-        print(f"{key:<{width}}  " + "  ".join(f"{r[key]:>28}" for r in rows))
+    record = {
+        "recorded_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "host": platform.node(),
+        "command": " ".join(sys.argv),
+        "environment": [
+            f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(args.device)}"
+        ],
+        "windows": [record_one(torch, source, args) for source in sources],
+    }
+    if args.record:
+        args.record.write_text(json.dumps(record))
+        print(f"recorded {len(record['windows'])} windows to {args.record}")
+        return
+    print_table(record)
 
 
 if __name__ == "__main__":

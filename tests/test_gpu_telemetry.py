@@ -22,7 +22,8 @@ from warehouse_fixtures import RawBuilder, make_spec
 
 from artifacts import layout
 from artifacts.documents.gpu_telemetry import GpuTelemetryDocument
-from tasks.metrics.gpu_telemetry import SMI_QUERY, GpuTelemetry, integrate, parse_smi_line
+from tasks.metrics.gpu_sampler import SMI_QUERY, parse_smi_line
+from tasks.metrics.gpu_telemetry import GpuTelemetry, integrate
 
 _MIB = 1024 * 1024
 
