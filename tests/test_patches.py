@@ -31,7 +31,12 @@ pytestmark = pytest.mark.skipif(
 
 def test_every_patch_applies_to_the_installed_vllm(tmp_path: Path) -> None:
     patches = available_patches()
-    assert set(patches) == {"apertus-image-token-id", "cpu-synthetic-acceptance", "nvtx-spec-decode"}
+    assert set(patches) == {
+        "apertus-image-token-id",
+        "cpu-expand-dtype",
+        "cpu-synthetic-acceptance",
+        "nvtx-spec-decode",
+    }
     for name, patch in patches.items():
         out = tmp_path / name
         overlay = build_overlay(SITE, out, [name])
@@ -155,6 +160,7 @@ def test_overlay_command_writes_files_and_prints_the_mount_list(tmp_path: Path) 
     manifest = json.loads((out / "overlay.json").read_text())
     assert [p["name"] for p in manifest["patches"]] == [
         "apertus-image-token-id",
+        "cpu-expand-dtype",
         "cpu-synthetic-acceptance",
         "nvtx-spec-decode",
     ]
