@@ -4,21 +4,23 @@ Targets on the project's 2-core machine: merged percentiles at 100x under 2 s, a
 most 1% relative.
 
 1. Writes and ingests the synthetic campaign of benchmarks/warehouse_bench.py (990 cells, 1,000,890 request
-   rows; its sketch rows written by the ingest) and times the sketch rows of its request rows alone (what
-   the sketches add to an ingest).
+   rows; its sketch rows and group rollup written by the ingest: the seconds of `sketches.roll_up` inside
+   it are summed) and times the sketch rows of its request rows alone (what the sketches add to an ingest).
 2. At 1x, 10x, 100x (the warehouse grown with copies of that campaign, warehouse_bench.grow, sketch rows
-   copied with the cells), each in a fresh process reading the snapshot, 3 runs each:
-   `SELECT * FROM v_sketch_percentiles_merged` (TTFT/TPOT/E2E/ITL p50/p90/p95/p99 per campaign, variant,
-   workload and load, over all their cells) from the DuckDB table; the same view over the sketch rows as
-   Parquet files (one per campaign, as warehouse.parts would keep them) instead; and, once, the exact
-   TTFT/TPOT/E2E percentiles with `quantile_cont` over the request rows. The sketch's relative error against
-   the exact p50/p90/p99 of every group and metric: max and median.
+   copied with the cells; the copies' rollup then built by `sketches.roll_up`, as an ingest builds it, and
+   timed), each in a fresh process reading the snapshot, 3 runs each: `SELECT * FROM
+   v_sketch_percentiles_merged` (TTFT/TPOT/E2E/ITL p50/p90/p95/p99 per campaign, variant, workload and load,
+   over all their cells), which reads the rollup; "before": the same answer merged from the per-cell rows at
+   query time (`sketches.MERGED_AT_QUERY_TIME`, the view before migration 0022), checked equal; and, once,
+   the exact TTFT/TPOT/E2E percentiles with `quantile_cont` over the request rows. The sketch's relative
+   error against the exact p50/p90/p99 of every group and metric: max and median.
 3. At 1,000x (a billion request values): a copy of the 1x warehouse whose cells are copied 1,000 times
    (small tables only) and whose sketch rows are generated here, from per-campaign distributions, in
    streaming chunks (2 processes): per cell 1,011 values each of TTFT, TPOT and E2E (log-normal, median and
    spread drawn per campaign, and per cell a launch-to-launch shift) and 2 ITL values per request of 64
-   tokens each. No request rows are written. The exact percentiles are numpy's (linear, as quantile_cont)
-   over the same generated values of every group; the merged view is timed as in 2.
+   tokens each. Each chunk (one campaign copy) is inserted and rolled up (`sketches.roll_up`, timed apart)
+   as an ingest batch is. No request rows are written. The exact percentiles are numpy's (linear, as
+   quantile_cont) over the same generated values of every group; the merged view is timed as in 2.
 
     .venv/bin/python benchmarks/sketch_bench.py [--sizes 1,10,100] [--thousand | --no-thousand]
                                                 [--workdir DIR] [--keep]
@@ -41,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ console = Console(width=max(Console().width, 150))
 
 GROUP = ("campaign_id", "variant", "workload", "load_label")
 MERGED = "SELECT * FROM v_sketch_percentiles_merged"
+BEFORE = sketches.MERGED_AT_QUERY_TIME
 # The exact figures the sketch is judged against, per group: quantile_cont over every successful measured
 # request (TPOT over those of 2 tokens or more, as the summary and the sketch define it).
 EXACT = """
@@ -76,12 +80,9 @@ ITL_GAPS, ITL_TOKENS = 2, 64  # per request at 1,000x: gaps, each carrying this 
 QUERY_TIMER = """
 import json, sys, time
 from warehouse.db import reader
-db, sql, runs, parquet, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+db, sql, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 times = []
 with reader(db) as con:
-    if parquet:  # the sketch rows as Parquet files instead of the DuckDB table (a temp view shadows it)
-        files = ", ".join("'" + f + "'" for f in parquet)
-        con.execute(f"CREATE TEMP VIEW cell_sketches AS SELECT * FROM read_parquet([{files}])")
     for _ in range(runs):
         started = time.perf_counter()
         table = con.sql(sql).to_arrow_table()
@@ -103,9 +104,7 @@ def _warehouse_bench() -> Any:
     return module
 
 
-def query(
-    db: Path, sql: str, runs: int = 3, parquet: list[Path] | None = None, out: Path | None = None
-) -> tuple[float, float, int]:
+def query(db: Path, sql: str, runs: int = 3, out: Path | None = None) -> tuple[float, float, int]:
     """(first, median, result rows) of `runs` runs in a fresh process reading the snapshot; the last
     result written to `out` when given."""
     done = subprocess.run(
@@ -116,7 +115,6 @@ def query(
             str(db),
             sql,
             str(runs),
-            json.dumps([str(p) for p in parquet or []]),
             str(out or ""),
         ],
         cwd=REPO,
@@ -147,30 +145,61 @@ def errors(merged: pl.DataFrame, exact: pl.DataFrame) -> dict[str, float]:
     return out
 
 
-def sketch_parquet(db: Path, folder: Path) -> list[Path]:
-    """The sketch rows as one Parquet file per campaign (zstd, as warehouse.parts writes)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with reader(db) as con:
-        con.execute(
-            f"COPY (SELECT s.*, c.campaign_id FROM cell_sketches s JOIN cells c USING (cell_key)) TO "
-            f"'{folder}' (FORMAT parquet, PARTITION_BY (campaign_id), COMPRESSION zstd, OVERWRITE true)"
-        )
-    return sorted(folder.rglob("*.parquet"))
+@contextmanager
+def timing_roll_ups() -> Iterator[list[float]]:
+    """The seconds of every `sketches.roll_up` call made inside (the ingest's calls, through
+    `sketches.insert`, which looks the function up in its module at each call)."""
+    seconds: list[float] = []
+    real = sketches.roll_up
+
+    def timed(*args: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
+        try:
+            real(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - started)
+
+    sketches.roll_up = timed  # type: ignore[assignment]
+    try:
+        yield seconds
+    finally:
+        sketches.roll_up = real  # type: ignore[assignment]
+
+
+def roll_up_copies(db: Path, campaigns: list[str]) -> float:
+    """The group rollup of copied campaigns (their cells and sketch rows already there), built by
+    `sketches.roll_up` as an ingest builds it, in one transaction; its seconds."""
+    with writer(db) as con:
+        found = con.execute("SELECT cell_key FROM cells WHERE campaign_id = ANY(?)", [campaigns]).fetchall()
+        started = time.perf_counter()
+        con.execute("BEGIN TRANSACTION")
+        sketches.roll_up(con, [key for (key,) in found])
+        con.execute("COMMIT")
+        return time.perf_counter() - started
+
+
+def same_answers(new: Path, before: Path) -> None:
+    """The view over the rollup answers exactly what the merge at query time answers."""
+    order = [*GROUP, "metric"]
+    a, b = pl.read_parquet(new).sort(order), pl.read_parquet(before).sort(order)
+    if not a.equals(b):
+        raise AssertionError(f"the rollup's answers differ from the merge at query time: {a} {b}")
 
 
 def measure_size(db: Path, size: int, work: Path) -> dict[str, Any]:
-    """Sketch (DuckDB table, Parquet) and exact timings and the sketch's error at one size."""
+    """Sketch (the rollup, and before: merged at query time) and exact timings and the sketch's error at
+    one size."""
     row: dict[str, Any] = {"size": f"{size}x", "load_before": os.getloadavg()[0]}
     with reader(db) as con:
         row["values"] = con.execute(
             "SELECT count(*) FROM requests WHERE phase = 'measured' AND ok"
         ).fetchone()[0]  # type: ignore[index]
         row["sketch_rows"] = con.execute("SELECT count(*) FROM cell_sketches").fetchone()[0]  # type: ignore[index]
+        row["group_rows"] = con.execute("SELECT count(*) FROM group_sketches").fetchone()[0]  # type: ignore[index]
     merged_out, exact_out = work / f"merged{size}.parquet", work / f"exact{size}.parquet"
     row["sketch_s"] = query(db, MERGED, out=merged_out)
-    files = sketch_parquet(db, work / f"sketch-parts-{size}")
-    row["parquet_s"] = query(db, MERGED, parquet=files)
-    shutil.rmtree(work / f"sketch-parts-{size}")
+    row["before_s"] = query(db, BEFORE, out=work / f"before{size}.parquet")
+    same_answers(merged_out, work / f"before{size}.parquet")
     row["exact_s"] = query(db, EXACT, runs=1, out=exact_out)
     row["error"] = errors(pl.read_parquet(merged_out), pl.read_parquet(exact_out))
     row["load_during"] = os.getloadavg()[0]
@@ -274,29 +303,36 @@ def thousand(db: Path, base: str, copies: int, work: Path, seed: int = 32) -> di
     cells = cells.with_columns(g=pl.struct("variant", "workload", "load_label").rank("dense") - 1)
     groups = cells.select("g", "variant", "workload", "load_label").unique()
     started = time.perf_counter()
-    exact_parts, rows = [], 0
+    exact_parts, rows, roll_up_s = [], 0, 0.0
     with writer(big) as con:
         keys, group_of = cells["cell_key"].to_list(), cells["g"].to_numpy()
-        con.execute("BEGIN TRANSACTION")  # one transaction (and no result left unread before register)
         for sketch, exact in _generated(keys, group_of, base, copies, seed):
+            # one transaction per campaign copy, as the ingest writes a batch (and no result left unread
+            # before register)
+            con.execute("BEGIN TRANSACTION")
             con.register("_rows", sketch.to_arrow())
             con.execute("INSERT INTO cell_sketches SELECT * FROM _rows").fetchall()
             con.unregister("_rows")
+            rolling = time.perf_counter()  # the copy's rollup, as an ingest batch's
+            sketches.roll_up(con, sketch.get_column("cell_key").unique(), sketch)
+            roll_up_s += time.perf_counter() - rolling
+            con.execute("COMMIT")
             rows += sketch.height
             exact_parts.append(exact)
-        con.execute("COMMIT")
+        group_rows = con.execute("SELECT count(*) FROM group_sketches").fetchone()[0]  # type: ignore[index]
     row: dict[str, Any] = {
         "size": f"{copies}x",
         "values": copies * cells.height * CELL_VALUES,
         "sketch_rows": rows,
+        "group_rows": group_rows,
         "generate_s": time.perf_counter() - started,
+        "roll_up_s": roll_up_s,
         "load_before": os.getloadavg()[0],
     }
     merged_out = work / "merged-thousand.parquet"
     row["sketch_s"] = query(big, MERGED, out=merged_out)
-    files = sketch_parquet(big, work / "sketch-parts-thousand")
-    row["parquet_s"] = query(big, MERGED, parquet=files)
-    shutil.rmtree(work / "sketch-parts-thousand")
+    row["before_s"] = query(big, BEFORE, out=work / "before-thousand.parquet")
+    same_answers(merged_out, work / "before-thousand.parquet")
     row["exact_s"] = None
     row["error"] = _thousand_errors(pl.read_parquet(merged_out), pl.concat(exact_parts), groups, base)
     row["load_during"] = os.getloadavg()[0]
@@ -361,20 +397,24 @@ def main() -> None:
         builder = bench.build_raw(work / "raw", args.requests_per_cell, 5)
         os.sync()
         db = work / "w.duckdb"
-        ingest_s, report = bench.timed(lambda: ingest_raw(builder.campaign_dir, db))
+        with timing_roll_ups() as roll_ups:
+            ingest_s, report = bench.timed(lambda: ingest_raw(builder.campaign_dir, db))
         assert report.ok, report.as_dict()
         rows, sketch_s = sketch_cost(db)
         console.print(
-            f"ingest of {rows:,} request rows {ingest_s:.2f} s, of which the sketch rows alone "
-            f"take {sketch_s:.2f} s (measured apart, in this process)"
+            f"ingest of {rows:,} request rows {ingest_s:.2f} s, of which the group rollup "
+            f"{sum(roll_ups):.2f} s ({len(roll_ups)} batches); the sketch rows alone take {sketch_s:.2f} s "
+            "(measured apart, in this process)"
         )
         base, present = builder.campaign_id, 1
         for size in sizes:
+            roll_up_s = sum(roll_ups) if size == present else 0.0  # 1x: the ingest's
             if size > present:
                 bench.grow(db, base, range(present, size))
+                roll_up_s = roll_up_copies(db, [f"{base}~{n}" for n in range(present, size)])
                 present = size
             _copy_snapshot(db)
-            results.append(measure_size(db, size, work))
+            results.append(measure_size(db, size, work) | {"roll_up_s": roll_up_s})
             console.print(results[-1])
         if args.thousand:
             shutil.rmtree(bench.parts.parts_dir(db) / "requests", ignore_errors=True)  # disk for 1,000x
@@ -393,9 +433,11 @@ def report_table(bench: Any, results: list[dict[str, Any]], load_before: float, 
     head = (
         "size",
         "request values",
-        "sketch rows",
-        "merged from sketches s (first / median)",
-        "same, sketch rows in Parquet s",
+        "sketch rows (per cell)",
+        "rollup rows",
+        "rollup built s",
+        "merged from the rollup s (first / median)",
+        "before: merged at query time s (first / median)",
         "exact quantile_cont s",
         "error p50 max / median",
         "p90 max / median",
@@ -412,8 +454,10 @@ def report_table(bench: Any, results: list[dict[str, Any]], load_before: float, 
                 r["size"],
                 f"{r['values']:,}",
                 f"{r['sketch_rows']:,}",
+                f"{r['group_rows']:,}",
+                f"{r['roll_up_s']:.2f}",
                 f"{r['sketch_s'][0]:.2f} / {r['sketch_s'][1]:.2f}{met}",
-                f"{r['parquet_s'][0]:.2f} / {r['parquet_s'][1]:.2f}",
+                f"{r['before_s'][0]:.2f} / {r['before_s'][1]:.2f}",
                 "-" if r["exact_s"] is None else f"{r['exact_s'][0]:.2f}",
                 *(f"{e[f'p{p}_max']:.3%} / {e[f'p{p}_median']:.3%}" for p in (50, 90, 99)),
                 f"{r['load_before']:.1f} / {r['load_during']:.1f}",

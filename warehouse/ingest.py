@@ -656,7 +656,7 @@ def _write(
             else:
                 _insert(con, table, (arrow or {}).get(table, frame))
         # The batch's cells' latency sketches, in their transaction (warehouse.sketches): a cell kind's only.
-        sketches.insert(con, frames.get("requests"))
+        sketches.insert(con, frames.get("requests"), frames.get("cells"))
         if written:
             assert root is not None
             parts.record(con, root, written)

@@ -12,6 +12,16 @@ gamma^k (gamma = (1 + alpha) / (1 - alpha), alpha = 0.01) and answers for all of
 2 gamma^k / (1 + gamma), which is within 1% relative error of every one. Merging sketches is summing counts
 per bucket, so a campaign's merged percentiles read a few rows per cell instead of every request.
 
+Beside them, the merge that v_sketch_percentiles_merged answers is kept up to date at ingest (`roll_up`,
+migration 0022), in the cell's transaction:
+
+    sketch_groups (group_no, campaign_id, variant, workload, load_label, method, k, ..., cells)
+    group_sketches (group_no, metric, bucket, count, cum, n)
+
+per group (campaign, variant, workload, load over the latest ok attempt of each cell) the summed counts with
+their running count in bucket order and total, so that the view is one aggregate over group rows instead of
+a join and a sum over every cell's rows and a window walk (docs/performance.md, "Percentiles from sketches").
+
 The guarantee, as DDSketch defines it: the answer for quantile q is within alpha (1%) relative error of the
 exact value of rank q (n - 1). The views (v_sketch_percentiles, v_sketch_percentiles_merged) interpolate
 between the answers of the two neighbouring ranks, as numpy's default percentile and DuckDB's
@@ -45,12 +55,14 @@ __all__ = [
     "ALPHA",
     "BLOCK_S",
     "MAPPING",
+    "MERGED_AT_QUERY_TIME",
     "METRICS",
     "TABLE",
     "ZERO_BUCKET",
     "bucket_keys",
     "bucket_values",
     "insert",
+    "roll_up",
     "sketch_rows",
 ]
 
@@ -169,16 +181,169 @@ def sketch_rows(requests: pl.DataFrame) -> pl.DataFrame:
     ).cast(SCHEMA)  # type: ignore[arg-type]
 
 
-def insert(con: duckdb.DuckDBPyConnection, requests: pl.DataFrame | None) -> int:
-    """Inside the caller's transaction: add the sketch rows of the cells in `requests` (an ingest batch's
-    validated request rows). Cells are immutable and ingested once, so rows are never replaced."""
-    if requests is None or not requests.height:
-        return 0
-    rows = sketch_rows(requests)
+def insert(
+    con: duckdb.DuckDBPyConnection, requests: pl.DataFrame | None, cells: pl.DataFrame | None = None
+) -> int:
+    """Inside the caller's transaction, after the batch's `cells` rows: add the sketch rows of the cells in
+    `requests` (an ingest batch's validated request rows) and bring their groups' rollup up to date
+    (`roll_up`). Cells are immutable and ingested once, so cell rows are never replaced."""
+    rows = sketch_rows(requests) if requests is not None else pl.DataFrame(schema=SCHEMA)
     if rows.height:
         con.register("_sketch_rows", rows.to_arrow())
         try:
             con.execute(f"INSERT INTO {TABLE} BY NAME SELECT * FROM _sketch_rows")
         finally:
             con.unregister("_sketch_rows")
+    # the batch's cells: those of its `cells` rows (a cell without sketch rows still counts in its group)
+    keys = cells.get_column("cell_key") if cells is not None else rows.get_column("cell_key").unique()
+    if keys.len():
+        roll_up(con, keys, rows)
     return rows.height
+
+
+# v_sketch_percentiles_merged without the rollup: the cells' rows merged at query time (the view's definition
+# before migration 0022). What the rollup must answer exactly (tests/test_sketch_rollup.py), and the "before"
+# of benchmarks/sketch_bench.py.
+MERGED_AT_QUERY_TIME = """
+WITH latest_ok AS (
+    SELECT cell_key, campaign_id, variant, method, k, workload, load_mode, load_label, concurrency, rate,
+           dense_rank() OVER (ORDER BY campaign_id, variant, workload, load_label) AS group_no
+    FROM cells WHERE status = 'ok'
+    QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
+), merged AS (
+    SELECT c.group_no AS sketch_key, s.metric, s.bucket, sum(s.count)::BIGINT AS count
+    FROM cell_sketches s JOIN latest_ok c USING (cell_key)
+    GROUP BY c.group_no, s.metric, s.bucket
+), groups AS (
+    SELECT group_no, any_value(campaign_id) AS campaign_id, any_value(variant) AS variant,
+           any_value(method) AS method, any_value(k) AS k, any_value(workload) AS workload,
+           any_value(load_mode) AS load_mode, any_value(load_label) AS load_label,
+           any_value(concurrency) AS concurrency, any_value(rate) AS rate, count(*) AS cells
+    FROM latest_ok GROUP BY group_no
+)
+SELECT
+    g.campaign_id, g.variant, g.method, g.k, g.workload, g.load_mode, g.load_label, g.concurrency, g.rate,
+    g.cells, r.metric, r.n, r.p50_s, r.p90_s, r.p95_s, r.p99_s
+FROM sketch_percentiles(merged) r JOIN groups g ON g.group_no = r.sketch_key
+"""
+
+# The rollup (migration 0022): per group of v_sketch_percentiles_merged, the sum of its counted cells' rows
+# (the latest ok attempt of each cell id), with running count and total. Kept exact incrementally: a batch
+# adds the rows of its cells that are now counted and subtracts those of cells it supersedes (a later ok
+# attempt of the same cell id: read back from cell_sketches, the only case that scans it). Steps, each one
+# statement over the touched groups only; group numbers are compared with a range first as well, so that
+# DuckDB's min/max per row group skips most of group_sketches (an IN list alone scans all of it).
+_ROLL_UP_STEPS = (
+    # the batch's groups, numbered: existing numbers kept, new ones after the largest
+    """CREATE OR REPLACE TEMP TABLE _sketch_touched AS
+    WITH batch AS (
+        SELECT DISTINCT campaign_id, variant, workload, load_label FROM cells
+        WHERE cell_key IN (SELECT cell_key FROM _sketch_cells)
+    )
+    SELECT b.*, g.group_no IS NOT NULL AS existed,
+        coalesce(g.group_no, (SELECT coalesce(max(group_no), 0) FROM sketch_groups)
+        + row_number() OVER (PARTITION BY g.group_no IS NULL ORDER BY b.campaign_id, b.variant, b.workload,
+                                                                          b.load_label))::INTEGER AS group_no
+    FROM batch b LEFT JOIN sketch_groups g USING (campaign_id, variant, workload, load_label)""",
+    # every cell of those groups: counted before the batch (latest ok attempt among the others) and after
+    """CREATE OR REPLACE TEMP TABLE _sketch_members AS
+    WITH members AS (
+        SELECT c.cell_key, c.campaign_id, c.cell_id, c.attempt, c.status = 'ok' AS ok, t.group_no,
+               c.cell_key IN (SELECT cell_key FROM _sketch_cells) AS new,
+               c.method, c.k, c.load_mode, c.concurrency, c.rate
+        FROM cells c JOIN _sketch_touched t USING (campaign_id, variant, workload, load_label)
+        WHERE c.campaign_id IN (SELECT campaign_id FROM _sketch_touched)  -- one column first: cheap
+    )
+    SELECT *,
+        ok AND attempt = max(CASE WHEN ok THEN attempt END) OVER cell_id AS after,
+        ok AND NOT new AND attempt = max(CASE WHEN ok AND NOT new THEN attempt END) OVER cell_id AS before
+    FROM members WINDOW cell_id AS (PARTITION BY campaign_id, cell_id)""",
+)
+
+
+def roll_up(
+    con: duckdb.DuckDBPyConnection, cell_keys: pl.Series | list[str], rows: pl.DataFrame | None = None
+) -> None:
+    """Inside the caller's transaction: bring the rollup of the groups of `cell_keys` (cells just written to
+    `cells`) up to date. `rows`: their cell_sketches rows (already inserted there too); None: read back from
+    cell_sketches (a scan of it)."""
+    con.register(
+        "_sketch_cells", pl.DataFrame({"cell_key": pl.Series(cell_keys, dtype=pl.String)}).to_arrow()
+    )
+    if rows is not None:
+        con.register("_sketch_batch", rows.select("cell_key", "metric", "bucket", "count").to_arrow())
+    else:
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW _sketch_batch AS SELECT cell_key, metric, bucket, count FROM {TABLE} "
+            "WHERE cell_key IN (SELECT cell_key FROM _sketch_cells)"
+        )
+    try:
+        for step in _ROLL_UP_STEPS:
+            con.execute(step)
+        low, high = con.execute("SELECT min(group_no), max(group_no) FROM _sketch_touched").fetchone()  # type: ignore[misc]
+        if low is None:
+            return
+        touched = f"group_no BETWEEN {low} AND {high} AND group_no IN (SELECT group_no FROM _sketch_touched)"
+        # only groups that existed have rows to read and replace (a campaign's first cells: none)
+        existed = f"group_no IN (SELECT group_no FROM _sketch_touched WHERE existed) AND {touched}"
+        any_existed = con.execute("SELECT bool_or(existed) FROM _sketch_touched").fetchone() == (True,)
+        stored = (
+            f"SELECT group_no, metric, bucket, count FROM group_sketches WHERE {existed} UNION ALL"
+            if any_existed
+            else ""
+        )
+        superseded = con.execute("SELECT count(*) FROM _sketch_members WHERE before AND NOT after").fetchone()
+        gone = (
+            f"""UNION ALL
+            SELECT m.group_no, s.metric::sketch_metric, s.bucket, -s.count FROM {TABLE} s
+            JOIN _sketch_members m USING (cell_key) WHERE m.before AND NOT m.after"""
+            if superseded and superseded[0]
+            else ""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _sketch_counts AS
+            SELECT group_no, metric, bucket, sum(count)::BIGINT AS count FROM (
+                {stored}
+                SELECT m.group_no, b.metric::sketch_metric AS metric, b.bucket, b.count FROM _sketch_batch b
+                JOIN _sketch_members m USING (cell_key) WHERE m.after AND NOT m.before
+                {gone}
+            ) GROUP BY ALL HAVING sum(count) <> 0"""
+        )
+        if any_existed:
+            con.execute(f"DELETE FROM group_sketches WHERE {existed}")
+            con.execute(f"DELETE FROM sketch_groups WHERE {existed}")
+        con.execute(
+            """INSERT INTO group_sketches
+            SELECT group_no, metric, bucket, count,
+                sum(count) OVER (PARTITION BY group_no, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING)::BIGINT,
+                sum(count) OVER (PARTITION BY group_no, metric)::BIGINT
+            FROM _sketch_counts ORDER BY group_no, metric, bucket"""
+        )
+        con.execute(
+            """INSERT INTO sketch_groups
+            SELECT t.group_no, t.campaign_id, t.variant, t.workload, t.load_label,
+                any_value(m.method), any_value(m.k), any_value(m.load_mode), any_value(m.concurrency),
+                any_value(m.rate), count(m.cell_key)
+            FROM _sketch_touched t LEFT JOIN (SELECT * FROM _sketch_members WHERE after) m USING (group_no)
+            GROUP BY ALL"""
+        )
+    finally:
+        _drop_temporaries(con, from_rows=rows is not None)
+
+
+def _drop_temporaries(con: duckdb.DuckDBPyConnection, from_rows: bool) -> None:
+    """roll_up's temporary tables and views. In a failed transaction these statements fail too (and the
+    temporary tables go with its roll-back): the original error is the one that propagates."""
+    statements = [
+        f"DROP TABLE IF EXISTS {t}" for t in ("_sketch_counts", "_sketch_members", "_sketch_touched")
+    ]
+    if not from_rows:
+        statements.append("DROP VIEW IF EXISTS _sketch_batch")
+    for statement in statements:
+        try:
+            con.execute(statement)
+        except duckdb.Error:
+            break
+    con.unregister("_sketch_cells")
+    if from_rows:
+        con.unregister("_sketch_batch")

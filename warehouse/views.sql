@@ -428,26 +428,29 @@ SELECT
 FROM sketch_percentiles(summed) r JOIN latest_ok c ON c.cell_key = r.sketch_key;
 
 -- Per campaign, variant, workload and load (over all their cells: repeats, blocks) and metric: the cells'
--- sketches merged (counts summed per bucket), then the same rank walk. The exact alternative, slower as the
--- warehouse grows: quantile_cont over `requests` (docs/warehouse.md "Percentiles from sketches").
+-- sketches merged (counts summed per bucket), read from the rollup kept at ingest (group_sketches, migration
+-- 0022: per group the merged counts with their running count `cum` and total `n`; sketch_groups: its names),
+-- so each percentile is one aggregate per group and metric: the first bucket whose running count passes the
+-- rank, as sketch_percentiles walks them. The exact alternative, slower as the warehouse grows:
+-- quantile_cont over `requests` (docs/warehouse.md "Percentiles from sketches").
 CREATE OR REPLACE VIEW v_sketch_percentiles_merged AS
-WITH latest_ok AS (
-    SELECT cell_key, campaign_id, variant, method, k, workload, load_mode, load_label, concurrency, rate,
-           dense_rank() OVER (ORDER BY campaign_id, variant, workload, load_label) AS group_no
-    FROM cells WHERE status = 'ok'
-    QUALIFY row_number() OVER (PARTITION BY campaign_id, cell_id ORDER BY attempt DESC) = 1
-), merged AS (  -- grouped by one integer, not four strings: the big step of the view
-    SELECT c.group_no AS sketch_key, s.metric, s.bucket, sum(s.count)::BIGINT AS count
-    FROM cell_sketches s JOIN latest_ok c USING (cell_key)
-    GROUP BY c.group_no, s.metric, s.bucket
-), groups AS (
-    SELECT group_no, any_value(campaign_id) AS campaign_id, any_value(variant) AS variant,
-           any_value(method) AS method, any_value(k) AS k, any_value(workload) AS workload,
-           any_value(load_mode) AS load_mode, any_value(load_label) AS load_label,
-           any_value(concurrency) AS concurrency, any_value(rate) AS rate, count(*) AS cells
-    FROM latest_ok GROUP BY group_no
+WITH ranks AS (
+    SELECT group_no, metric, any_value(n) AS n,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
+        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
+    FROM group_sketches GROUP BY group_no, metric
 )
 SELECT
     g.campaign_id, g.variant, g.method, g.k, g.workload, g.load_mode, g.load_label, g.concurrency, g.rate,
-    g.cells, r.metric, r.n, r.p50_s, r.p90_s, r.p95_s, r.p99_s
-FROM sketch_percentiles(merged) r JOIN groups g ON g.group_no = r.sketch_key;
+    g.cells, r.metric::VARCHAR AS metric, r.n,
+    sketch_quantile(p50_lo, p50_hi, 0.50, r.n) AS p50_s,
+    sketch_quantile(p90_lo, p90_hi, 0.90, r.n) AS p90_s,
+    sketch_quantile(p95_lo, p95_hi, 0.95, r.n) AS p95_s,
+    sketch_quantile(p99_lo, p99_hi, 0.99, r.n) AS p99_s
+FROM ranks r JOIN sketch_groups g USING (group_no);
