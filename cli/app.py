@@ -159,7 +159,7 @@ def workloads_length_buckets(
             help="Bucket edges in prompt tokens, comma-separated; default doubling from 128 to the limit."
         ),
     ] = None,
-    per_bucket: Annotated[int, typer.Option(help="Prompts per bucket.")] = 4,
+    per_bucket: Annotated[int, typer.Option(help="Prompts per bucket.")] = 8,
     model: Annotated[
         str, typer.Option(help="The target whose tokenizer counts tokens.")
     ] = "models/tiny-target",

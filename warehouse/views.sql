@@ -381,16 +381,12 @@ CREATE OR REPLACE MACRO sketch_quantile(lo_bucket, hi_bucket, q, n) AS
     sketch_value(lo_bucket)
     + (q * (n - 1) - floor(q * (n - 1))) * (sketch_value(coalesce(hi_bucket, lo_bucket)) - sketch_value(lo_bucket));
 
--- The rank walk of the two views below, over the relation `counts` names (a CTE of the calling view): its
--- rows (sketch_key, metric, bucket, count), count summed per bucket. Per sketch_key and metric: n (values)
--- and p50/p90/p95/p99 in seconds, from the ranks around q (n - 1) that the cumulative counts cross.
-CREATE OR REPLACE MACRO sketch_percentiles(counts) AS TABLE
-WITH walked AS (
-    SELECT sketch_key, metric, bucket,
-           sum(count) OVER (PARTITION BY sketch_key, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
-           sum(count) OVER (PARTITION BY sketch_key, metric) AS n
-    FROM query_table(counts)
-), ranks AS (
+-- The percentiles of walked sketches: `walked` names a relation (a CTE of the caller) of rows (sketch_key,
+-- metric, bucket, cum, n): per sketch and metric its buckets with their running count in bucket order and its
+-- total. Per sketch_key and metric: n (values) and p50/p90/p95/p99 in seconds, from the first buckets whose
+-- running count passes the ranks around q (n - 1): one aggregate, no window.
+CREATE OR REPLACE MACRO sketch_ranked(walked) AS TABLE
+WITH ranks AS (
     SELECT sketch_key, metric, any_value(n)::BIGINT AS n,
         min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
         min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
@@ -400,7 +396,7 @@ WITH walked AS (
         min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
         min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
         min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
-    FROM walked GROUP BY sketch_key, metric
+    FROM query_table(walked) GROUP BY sketch_key, metric
 )
 SELECT sketch_key, metric, n,
     sketch_quantile(p50_lo, p50_hi, 0.50, n) AS p50_s,
@@ -408,6 +404,17 @@ SELECT sketch_key, metric, n,
     sketch_quantile(p95_lo, p95_hi, 0.95, n) AS p95_s,
     sketch_quantile(p99_lo, p99_hi, 0.99, n) AS p99_s
 FROM ranks;
+
+-- The same from summed counts: `counts` names rows (sketch_key, metric, bucket, count), count summed per
+-- bucket; the running counts come from a window walk.
+CREATE OR REPLACE MACRO sketch_percentiles(counts) AS TABLE
+WITH walked AS (
+    SELECT sketch_key, metric, bucket,
+           sum(count) OVER (PARTITION BY sketch_key, metric ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
+           sum(count) OVER (PARTITION BY sketch_key, metric) AS n
+    FROM query_table(counts)
+)
+SELECT * FROM sketch_ranked(walked);
 
 -- Per cell (its latest ok attempt, as v_cells) and metric (ttft, tpot, e2e, itl): p50/p90/p95/p99 in seconds
 -- from its sketch, all blocks merged; n = values (itl: tokens).
@@ -434,23 +441,8 @@ FROM sketch_percentiles(summed) r JOIN latest_ok c ON c.cell_key = r.sketch_key;
 -- rank, as sketch_percentiles walks them. The exact alternative, slower as the warehouse grows:
 -- quantile_cont over `requests` (docs/warehouse.md "Percentiles from sketches").
 CREATE OR REPLACE VIEW v_sketch_percentiles_merged AS
-WITH ranks AS (
-    SELECT group_no, metric, any_value(n) AS n,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1))) AS p50_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.50 * (n - 1)) + 1) AS p50_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1))) AS p90_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.90 * (n - 1)) + 1) AS p90_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1))) AS p95_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.95 * (n - 1)) + 1) AS p95_hi,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1))) AS p99_lo,
-        min(bucket) FILTER (WHERE cum > floor(0.99 * (n - 1)) + 1) AS p99_hi
-    FROM group_sketches GROUP BY group_no, metric
-)
+WITH walked AS (SELECT group_no AS sketch_key, metric, bucket, cum, n FROM group_sketches)
 SELECT
     g.campaign_id, g.variant, g.method, g.k, g.workload, g.load_mode, g.load_label, g.concurrency, g.rate,
-    g.cells, r.metric::VARCHAR AS metric, r.n,
-    sketch_quantile(p50_lo, p50_hi, 0.50, r.n) AS p50_s,
-    sketch_quantile(p90_lo, p90_hi, 0.90, r.n) AS p90_s,
-    sketch_quantile(p95_lo, p95_hi, 0.95, r.n) AS p95_s,
-    sketch_quantile(p99_lo, p99_hi, 0.99, r.n) AS p99_s
-FROM ranks r JOIN sketch_groups g USING (group_no);
+    g.cells, r.metric::VARCHAR AS metric, r.n, r.p50_s, r.p90_s, r.p95_s, r.p99_s
+FROM sketch_ranked(walked) r JOIN sketch_groups g ON g.group_no = r.sketch_key;

@@ -73,7 +73,7 @@ class BucketSpec(BaseModel):
     edges: tuple[int, ...] = Field(
         description="Bucket edges in prompt tokens, increasing: n+1 edges, n buckets."
     )
-    per_bucket: int = Field(default=4, gt=0, le=MAX_BUCKET_PROMPTS, description="Prompts per bucket.")
+    per_bucket: int = Field(default=8, gt=0, le=MAX_BUCKET_PROMPTS, description="Prompts per bucket.")
     max_model_len: int = Field(default=2048, gt=0, description="The served model's context (tokens).")
     max_tokens: int = Field(default=64, gt=0, description="Each prompt's max_tokens.")
     stratum: str = Field(default="summarization", description="Base of the buckets' stratum names.")
