@@ -60,7 +60,11 @@ STEPS: tuple[tuple[Any, str, str], ...] = (
     (ingest_module, "_write", "transaction: begin, log, commit"),
 )
 if hasattr(ingest_module, "sketches"):  # the latency sketches of each batch's cells (warehouse/sketches.py)
-    STEPS += ((ingest_module.sketches, "insert", "latency sketches"),)
+    STEPS += (
+        (ingest_module.sketches, "sketch_rows", "latency sketches: count rows"),
+        (ingest_module.sketches, "insert", "latency sketches: INSERT"),
+        (ingest_module.sketches, "roll_up", "latency sketches: roll up groups"),
+    )
 
 
 class _Clocks(NamedTuple):

@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from warehouse import parts
+from warehouse import parts, sketches
 from warehouse.db import _copy_snapshot, writer
 from warehouse.ingest import ingest_raw
 
@@ -68,6 +68,8 @@ GROUP BY ALL
 """
 SPEEDUP = "SELECT * FROM v_speedup"
 # The campaign's small tables, copied inside DuckDB when the warehouse grows (keyed by cell or deployment).
+# The sketch rollup (sketch_groups, group_sketches) is not copied but brought up to date by the ingest's own
+# sketches.roll_up over the copies' cells, as if they had been ingested.
 CELL_TABLES = ("cells", "spec_decode", "spec_decode_positions", "cell_sketches")
 
 
@@ -159,6 +161,9 @@ def grow(db: Path, base: str, copies: range) -> None:
             f"INSERT INTO campaigns SELECT campaigns.* REPLACE ('{base}~' || n AS campaign_id) "
             f"FROM campaigns, {numbers} WHERE campaign_id = '{base}'"
         )
+        copied = [f"{base}~{n}" for n in copies]
+        new_cells = con.execute("SELECT cell_key FROM cells WHERE campaign_id = ANY(?)", [copied]).fetchall()
+        sketches.roll_up(con, [key for (key,) in new_cells])  # their rows read back from cell_sketches
         parts.record(con, root, written)
         con.execute("COMMIT")
 

@@ -60,6 +60,20 @@ def test_keys_on_bucket_boundaries_and_many_random_values() -> None:
     )
 
 
+def test_keys_where_the_float32_first_pass_is_least_sure() -> None:
+    # bucket_keys estimates in float32 and recomputes in float64 what lies within _F32_TOLERANCE of a
+    # boundary or outside [_FAST_LOW, _FAST_HIGH]: values a few float32 ulps off each boundary, and the
+    # ends of that range with their neighbours, must still get the package's key
+    mapping = sketches.MAPPING
+    edges = np.array([math.pow(mapping.gamma, k) for k in range(-800, 800)])
+    steps = np.array([j * 2.0**-24 for j in (-64, -16, -4, -2, -1, 1, 2, 4, 16, 64)])
+    near = (edges[:, None] * (1 + steps[None, :])).ravel()
+    ends = np.array([sketches._FAST_LOW, sketches._FAST_HIGH])
+    ends = np.concatenate([ends, np.nextafter(ends, 0), np.nextafter(ends, np.inf), ends * (1 + 2.0**-24)])
+    for values in (near, ends):
+        assert sketches.bucket_keys(values).tolist() == [mapping.key(float(v)) for v in values]
+
+
 def test_view_bucket_values_are_the_packages(tmp_path: Path) -> None:
     keys = list(range(-4000, 4000))
     with writer(tmp_path / "w.duckdb") as con:
@@ -268,3 +282,111 @@ def test_reingest_adds_no_sketch_rows_and_rebuild_gives_the_same(
     rebuild(raw, db)
     assert _frame(db, everything).equals(first)
     assert first.height > 0
+
+
+# ------------------------------------------------------------- the numpy counting against the polars one
+
+
+def _reference_rows(requests: pl.DataFrame) -> pl.DataFrame:
+    """sketch_rows as it was before it counted in numpy (2026-12-05): polars frames grouped by four columns,
+    keys by the package itself. What the numpy version must give exactly."""
+    start = pl.col("sent_s").min().over("cell_key")
+    ok = (
+        requests.filter(pl.col("phase") == "measured")
+        .with_columns(block=((pl.col("sent_s") - start) / sketches.BLOCK_S).floor().cast(pl.Int32))
+        .filter(pl.col("ok").fill_null(False))
+    )
+
+    def one(metric: str, column: str, rows: pl.DataFrame) -> pl.DataFrame:
+        return rows.select(
+            "cell_key", "block", metric=pl.lit(metric), value=column, weight=pl.lit(1, pl.Int64)
+        ).drop_nulls("value")
+
+    itl = (
+        ok.filter(pl.col("chunk_offsets_s").list.len() == pl.col("chunk_tokens").list.len())
+        .select(
+            "cell_key",
+            "block",
+            gap=pl.col("chunk_offsets_s").list.diff().list.slice(1),
+            tokens=pl.col("chunk_tokens").list.slice(1),
+        )
+        .explode(["gap", "tokens"])
+        .drop_nulls()
+        .filter(pl.col("tokens") > 0)
+        .select(
+            "cell_key",
+            "block",
+            metric=pl.lit("itl"),
+            value=pl.col("gap") / pl.col("tokens"),
+            weight=pl.col("tokens").cast(pl.Int64),
+        )
+    )
+    values = pl.concat(
+        [
+            one("ttft", "ttft_s", ok),
+            one("tpot", "tpot_s", ok.filter(pl.col("completion_tokens") >= 2)),
+            one("e2e", "e2e_s", ok),
+            itl,
+        ]
+    ).filter(pl.col("value").is_finite())
+    mapping = sketches.MAPPING
+    keys = [mapping.key(v) if v > mapping.min_possible else sketches.ZERO_BUCKET for v in values["value"]]
+    return (
+        values.with_columns(bucket=pl.Series(keys, dtype=pl.Int32))
+        .group_by("cell_key", "block", "metric", "bucket")
+        .agg(count=pl.col("weight").sum())
+        .cast(sketches.SCHEMA)  # type: ignore[arg-type]
+    )
+
+
+def _hostile_requests() -> pl.DataFrame:
+    """Every case the definitions single out, in one batch of three cells."""
+    return pl.concat(
+        [
+            _requests(
+                "c/x.a1",
+                [0.0, 3.0, 12.0, 25.0, 26.0, 27.0],
+                ok=[True, None, True, True, True, True],  # an unknown ok counts as failed
+                ttft_s=[0.1, 0.1, None, float("nan"), 0.0, 1e-30],
+                tpot_s=[
+                    float("inf"),
+                    0.02,
+                    0.03,
+                    0.02,
+                    None,
+                    2e7,
+                ],  # inf: no bucket; 2e7: beyond the fast range
+                completion_tokens=[4, 4, None, 1, 2, 3],
+                chunk_offsets_s=[[0.1, 0.12, 0.11], [], None, [0.5, None, 0.6], [0.2], [0.1, 0.3, 0.9]],
+                chunk_tokens=[[1, 0, 2], [], [1, 2], [1, 1, None], [1], [1, 2]],  # the last: lengths differ
+            ),
+            _requests("c/y.a1", [50.0, 51.0], phase=["warmup", "warmup"]),  # no measured rows at all
+            _requests("c/z.a1", [7.0, 100.0], ok=[False, True]),  # the failed first one still starts block 0
+        ]
+    ).with_columns(pl.col("chunk_tokens").cast(pl.List(pl.Int32)))
+
+
+def _same_rows(got: pl.DataFrame, expected: pl.DataFrame) -> None:
+    order = ["cell_key", "block", "metric", "bucket"]
+    assert got.schema == expected.schema
+    assert got.sort(order).equals(expected.sort(order))
+
+
+def test_rows_of_hostile_requests_are_the_references() -> None:
+    requests = _hostile_requests()
+    expected = _reference_rows(requests)
+    assert expected.filter(pl.col("bucket") == sketches.ZERO_BUCKET).height  # the cases are exercised
+    _same_rows(sketches.sketch_rows(requests), expected)
+
+
+def test_rows_of_a_campaign_are_the_references_in_every_counting_path(
+    ingested: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = _frame(ingested, "SELECT * FROM requests")  # every phase and outcome, as the ingest hands them
+    expected = _reference_rows(requests)
+    assert expected.height > 500
+    _same_rows(sketches.sketch_rows(requests), expected)  # one chunk, dense counting
+    monkeypatch.setattr(sketches, "_CHUNK_REQUESTS", 137)  # cells' blocks straddling chunks
+    _same_rows(sketches.sketch_rows(requests), expected)
+    monkeypatch.setattr(sketches, "_DENSE_SLOTS", 0)  # the group_by for code spaces too large
+    _same_rows(sketches.sketch_rows(requests), expected)
