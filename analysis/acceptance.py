@@ -200,11 +200,13 @@ def acceptance_intervals(data: CampaignData, settings: AnalysisSettings | None =
         launches = group["deployment_id"].to_list()
         accepted = group["spec_accepted_tokens"].to_list()
         common = {"confidence": settings.confidence, "seed": 0}
+        # a step accepts at most k drafts and a draft is accepted at most once: no interval reaches past them
+        depth = float(key["k"]) if key["k"] else None
         mal = cluster_ratio_interval(
-            accepted, group["spec_steps"].to_list(), clusters, launches, offset=1.0, **common
+            accepted, group["spec_steps"].to_list(), clusters, launches, offset=1.0, ceiling=depth, **common
         )
         rate = cluster_ratio_interval(
-            accepted, group["spec_draft_tokens"].to_list(), clusters, launches, **common
+            accepted, group["spec_draft_tokens"].to_list(), clusters, launches, ceiling=1.0, **common
         )
         mal_drawn, rate_drawn = has_interval(mal), has_interval(rate)
         rows.append(

@@ -329,6 +329,7 @@ class ClusterOptions(TypedDict, total=False):
     seed: int
     min_clusters: int
     unit: str
+    ceiling: float | None
 
 
 def cluster_ratio_interval(
@@ -594,6 +595,7 @@ def cluster_ratio_intervals(
     min_clusters: int = 5,
     unit: str = "prompts",
     variants: Sequence[str] = CLUSTER_VARIANTS,
+    ceiling: float | None = None,
 ) -> Interval | dict[str, Interval]:
     """`cluster_ratio_interval` for several bootstrap variants from the same resamples (the coverage benchmark
     compares them): a dict variant -> Interval, or one no-interval Interval when none can be drawn.
@@ -603,7 +605,9 @@ def cluster_ratio_intervals(
     same on log(ratio)); "bootstrap-t (jackknife SE)" (studentized by the leave-one-cluster-out jackknife
     standard error, which weighs the heavy clusters more); "symmetric bootstrap-t (jackknife SE)" (the same,
     estimate +- the `confidence` quantile of |t*| times the SE: the product's); "delta t" (no bootstrap:
-    estimate +- t(c - 1) delta-method standard error)."""
+    estimate +- t(c - 1) delta-method standard error). `ceiling`: the largest value the ratio can take (before
+    `offset`), where the quantity has one: an acceptance rate is at most 1 (accepted <= drafted), a mean
+    acceptance length at most 1 + k; no interval reaches past it."""
     if unknown := set(variants) - set(CLUSTER_VARIANTS):
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {CLUSTER_VARIANTS}")
     num, den = _finite_rows(numerator, denominator, "")
@@ -631,6 +635,8 @@ def cluster_ratio_intervals(
         low, high = CLUSTER_BOUNDS[variant](fit)
         if nonnegative:
             low = max(float(low), 0.0)  # a ratio of non-negative sums is not negative
+        if ceiling is not None:  # the symmetric intervals reach past a bounded quantity's support
+            high = min(float(high), ceiling)
         out[variant] = Interval(
             estimate, offset + float(low), offset + float(high), c, f"{note}, {variant} {percent(confidence)}"
         )

@@ -140,3 +140,18 @@ def test_later_campaigns_pool_the_launch_spread_of_earlier_ones(tmp_path: Path) 
     rows = speedup_table(third).filter(pl.col("metric") == "throughput")
     assert rows.height and all("launch variance pooled from 2 campaigns (" in i for i in rows["interval"])
     assert rows["ci_low"].is_not_null().all()
+
+
+def test_a_bounded_ratio_has_no_interval_past_its_bound() -> None:
+    """An acceptance rate is at most 1 and a mean acceptance length at most 1 + k; the symmetric bootstrap-t
+    reaches past them on few, spread prompts (seen on the context-length buckets: rate [0, 1.79])."""
+    accepted = [30, 30, 30, 30, 30, 1, 0]
+    drafted = [30, 30, 30, 30, 30, 60, 90]
+    prompts = [f"p{i}" for i in range(len(accepted))]
+    unbounded = cluster_ratio_interval(accepted, drafted, prompts)
+    assert unbounded.high > 1.0  # what the ceiling is for
+    rate = cluster_ratio_interval(accepted, drafted, prompts, ceiling=1.0)
+    assert rate.high == 1.0 and rate.low == unbounded.low and rate.estimate == unbounded.estimate
+    steps = [10, 10, 10, 10, 10, 20, 30]  # k = 3: at most 3 accepted per step
+    mal = cluster_ratio_interval(accepted, steps, prompts, offset=1.0, ceiling=3.0)
+    assert mal.high <= 4.0
