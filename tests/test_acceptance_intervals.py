@@ -153,5 +153,6 @@ def test_a_bounded_ratio_has_no_interval_past_its_bound() -> None:
     rate = cluster_ratio_interval(accepted, drafted, prompts, ceiling=1.0)
     assert rate.high == 1.0 and rate.low == unbounded.low and rate.estimate == unbounded.estimate
     steps = [10, 10, 10, 10, 10, 20, 30]  # k = 3: at most 3 accepted per step
+    assert cluster_ratio_interval(accepted, steps, prompts, offset=1.0).high > 4.0
     mal = cluster_ratio_interval(accepted, steps, prompts, offset=1.0, ceiling=3.0)
-    assert mal.high <= 4.0
+    assert mal.high == 4.0  # 1 + k
