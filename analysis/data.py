@@ -67,7 +67,8 @@ class CampaignData:
     # plain's launch-to-launch variance pooled from earlier campaigns launched the same way (analysis.history);
     # None without such history or with `analysis.pool_history: false`
     history: LaunchVariance | None = None
-    # every ok cell (the A/A arm's too): who else used the host's CPU while it measured (tasks/metrics/host_load)
+    # every ok cell (the A/A arm's too): who else used the host's CPU while it measured (tasks/metrics/host_load),
+    # and the load it reached (achieved_concurrency against a closed-loop cell's C)
     host_load: pl.DataFrame = field(default_factory=pl.DataFrame)
     # v_gpu_telemetry: per cell and GPU, or absent and why (tasks/metrics/gpu_telemetry.py; empty: older warehouse)
     gpu_telemetry: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -247,7 +248,8 @@ def load_campaign(con: duckdb.DuckDBPyConnection, campaign_id: str | None = None
     host_load = _frame(
         con,
         "SELECT cell_id, variant, workload, load_label, host_cpus, host_busy_share, host_ours_share, "
-        "host_other_share FROM v_cells WHERE campaign_id = ? ORDER BY cell_id",
+        "host_other_share, host_steal_share, load_mode, concurrency, achieved_concurrency "
+        "FROM v_cells WHERE campaign_id = ? ORDER BY cell_id",
         [cid],
     )
     pool = bool(((campaign.get("spec") or {}).get("analysis") or {}).get("pool_history", True))

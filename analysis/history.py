@@ -4,7 +4,9 @@ Two launches give a t interval with one degree of freedom (t = 12.7 at 95%): too
 warehouse holds every past campaign, and each one that launched plain more than once per cell (repeats, the
 A/A control) measured how far two identical launches differ. This module estimates that spread, sigma^2 =
 the variance of log(output throughput) across launches of one cell, from past campaigns launched the same
-way: the same launcher, host class and target model, and the same engine settings.
+way: the same launcher, host class and target model, and the same engine settings, CPU runtime included
+(tasks/launch/cpu_runtime.py: a campaign launched with unbound libgomp threads spread 10-24% between
+launches, one bound with Intel OpenMP far less; their spreads never pool).
 
 Per past campaign: every plain launch of a cell (the reference plain variant and its A/A control, all
 repeats) is one value; the campaign's variance is the mean over its cells of their sample variances of the
@@ -28,6 +30,7 @@ from typing import Any
 import duckdb
 
 from analysis.stats import LaunchVariance
+from experiments.spec import runtime_label
 
 MIN_HISTORY_DF = 2
 """Below this many pooled degrees of freedom history is not used (it would barely narrow anything)."""
@@ -40,9 +43,11 @@ class LaunchClass:
     launcher: str
     host_class: str
     model: str
+    runtime: str = ""
 
     def label(self) -> str:
-        return f"launcher {self.launcher}, host {self.host_class}, model {self.model}"
+        runtime = f", {self.runtime}" if self.runtime else ""
+        return f"launcher {self.launcher}, host {self.host_class}, model {self.model}{runtime}"
 
 
 def host_class(spec: dict[str, Any], host: dict[str, Any] | None) -> str:
@@ -59,10 +64,13 @@ def launch_class(campaign: dict[str, Any]) -> LaunchClass:
     """The class of a campaigns row (spec and host parsed or as JSON text)."""
     spec = _json(campaign.get("spec"))
     host = _json(campaign.get("host"))
+    launcher = spec.get("launcher") or {}
+    kind = str(launcher.get("kind", "local"))
     return LaunchClass(
-        launcher=str((spec.get("launcher") or {}).get("kind", "local")),
+        launcher=kind,
         host_class=host_class(spec, host),
         model=str((spec.get("target") or {}).get("model", "?")),
+        runtime=runtime_label(launcher) if kind == "local" else "",
     )
 
 

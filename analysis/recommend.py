@@ -26,6 +26,7 @@ from analysis.data import AnalysisSettings, CampaignData
 from analysis.decision import decision_rule
 from analysis.speedup import gain, paired_ratio, speedup_table
 from analysis.stats import has_interval, interval_label
+from artifacts.documents.decisions import BELOW_MIN_EFFECT, CONFIRMED, INCONCLUSIVE, REFUTED
 from experiments.spec import Variant
 
 MAX_BATCH = 256  # vLLM's default max_num_seqs: the last range runs to it
@@ -297,12 +298,19 @@ def best_fixed_k(
 
 
 def verification_spec(
-    spec: dict[str, Any], rec: Recommendation, fixed_k: int, repeats: int | None = None, gate: bool = False
+    spec: dict[str, Any],
+    rec: Recommendation,
+    fixed_k: int,
+    repeats: int | None = None,
+    gate: bool = False,
+    max_launches: int | None = None,
 ) -> dict[str, Any]:
     """The campaign that checks a recommendation: plain, the best fixed depth and the recommended schedule,
     launched the same way, on the recommendation's workload at the source campaign's closed-loop loads, with
     the source's captures (the schedule must be lossless too; `gate`: capture even where the source did not)
-    and launcher, and `repeats` launches of each (default: the source's)."""
+    and launcher, and `repeats` launches of each (default: the source's). With `max_launches` above `repeats`
+    it launches until it decides: after `repeats` blocks, one more at a time until every load of the schedule
+    has a decided verdict, or `max_launches` per arm (experiments.spec.UntilDecided)."""
     if rec.config is None:
         raise ValueError(f"{rec.family} on {rec.workload}: nothing to verify (speculation off at every load)")
     families = _families(spec)
@@ -337,13 +345,22 @@ def verification_spec(
     }
     if repeats is not None:
         out["repeats"] = repeats
+    if repeats is not None and max_launches is not None and max_launches > repeats:
+        out["repeats"] = {"until": "decided", "min": repeats, "max": max_launches, "variants": [RECOMMENDED]}
     if gate:
         out["capture"] = {**(spec.get("capture") or {}), "enabled": True}
+    # A schedule that runs the fixed depth at every measured load is that config: launching both would measure
+    # one config twice (issue 41), so the fixed arm goes and the verdict has no edge over it.
+    fixed = (
+        []
+        if all(k_at(schedule, c.concurrency, top) == fixed_k for c in rec.choices)
+        else [{**template, "name": f"fixed-k{fixed_k}", "k": fixed_k}]
+    )
     return {
         **out,
         "name": f"{spec['name']}-verify"[:48],
         "description": f"Verifies the recommended schedule {schedule or top} for {rec.family} on {rec.workload}.",
-        "variants": [plain, {**template, "name": f"fixed-k{fixed_k}", "k": fixed_k}, recommended],
+        "variants": [plain, *fixed, recommended],
         "workloads": workloads,
         "load": load,
     }
@@ -358,11 +375,11 @@ def k_at(schedule: list[list[int]] | tuple | None, batch: int, top: int) -> int:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One load of a verification campaign: what the schedule claims there (k > 0: it beats plain; k = 0: it
-    is no worse than plain, within `tolerance`, the benefit rule's guardrail) and whether the launch confirmed
-    or refuted that claim, from the interval of its throughput over plain (paired per repeat). A claim is
-    judged only on an interval of positive width from at least two launches; anything less is inconclusive
-    and says why."""
+    """One load of a verification campaign: what the schedule claims there (k > 0: it beats plain by the
+    benefit rule's `min_effect`; k = 0: it is no worse than plain, within `tolerance`, the rule's guardrail)
+    and the verdict on that claim (`judge`), from the interval of its throughput over plain (paired per
+    repeat). A claim is judged only on an interval of positive width from at least two launches; anything less
+    is inconclusive and says why."""
 
     concurrency: int
     k: int
@@ -374,13 +391,16 @@ class Verdict:
     over_fixed: float | None
     over_fixed_low: float | None
     over_fixed_high: float | None
-    outcome: str  # confirmed | refuted | inconclusive
+    outcome: str  # artifacts.documents.decisions.OUTCOMES
     reason: str
     tolerance: float
+    min_effect: float = 0.10
 
     @property
     def claim(self) -> str:
-        return "beats plain" if self.k > 0 else f"no worse than plain (within {self.tolerance:.0%})"
+        if self.k > 0:
+            return f"beats plain by at least {self.min_effect:.0%}"
+        return f"no worse than plain (within {self.tolerance:.0%})"
 
     def text(self) -> str:
         def span(estimate: float | None, low: float | None, high: float | None) -> str:
@@ -398,36 +418,57 @@ class Verdict:
 
 
 def judge(
-    k: int, estimate: float, low: float | None, high: float | None, n: int, tolerance: float
+    k: int,
+    estimate: float,
+    low: float | None,
+    high: float | None,
+    n: int,
+    tolerance: float,
+    min_effect: float,
 ) -> tuple[str, str]:
-    """The outcome of one load's claim from its interval over plain (see Verdict)."""
+    """The verdict on one load's claim from its interval over plain, on the benefit rule (docs/decision.md).
+    Where the schedule drafts: confirmed when the low bound clears 1 + min_effect, "faster, below the minimum
+    effect" when it clears 1 only, refuted when the whole interval lies below 1. Where it is off: confirmed
+    when the interval lies above 1 - tolerance, refuted when wholly below. Inconclusive otherwise, and always
+    without an interval or with a zero-width one (a point is no evidence)."""
     if low is None or high is None or not high > low:
         why = "one launch" if n < 2 else "a zero-width interval"
-        return "inconclusive", f"no interval to judge by ({why}, point {estimate:.3g}x)"
+        return INCONCLUSIVE, f"not enough repeats to judge: no interval ({why}, point {estimate:.3g}x)"
     if k > 0:
+        threshold = 1.0 + min_effect
+        if low > threshold:
+            return CONFIRMED, f"the whole interval lies above {threshold:.2f} (from {low:.3g}x)"
         if low > 1.0:
-            return "confirmed", f"the whole interval lies above 1 (from {low:.3g}x)"
+            return BELOW_MIN_EFFECT, (
+                f"the interval [{low:.3g}, {high:.3g}] lies above 1 but not above {threshold:.2f} "
+                f"(the minimum effect {min_effect:.0%})"
+            )
         if high < 1.0:
-            return "refuted", f"the whole interval lies below 1 (up to {high:.3g}x)"
-        return "inconclusive", f"the interval [{low:.3g}, {high:.3g}] holds 1"
+            return REFUTED, f"the whole interval lies below 1 (up to {high:.3g}x)"
+        return INCONCLUSIVE, f"the interval [{low:.3g}, {high:.3g}] holds 1"
     floor = 1.0 - tolerance
     if low >= floor:
-        return "confirmed", f"the interval lies above {floor:.2f} (from {low:.3g}x)"
+        return CONFIRMED, f"the interval lies above {floor:.2f} (from {low:.3g}x)"
     if high < floor:
-        return "refuted", (
+        return REFUTED, (
             f"the schedule with speculation off runs below plain (up to {high:.3g}x): its engine keeps the "
             "drafter and the settings speculation needs; deploy plain in this range"
         )
-    return "inconclusive", f"the interval [{low:.3g}, {high:.3g}] holds {floor:.2f}"
+    return INCONCLUSIVE, f"the interval [{low:.3g}, {high:.3g}] holds {floor:.2f}"
 
 
 def overall(loads: list) -> str:
-    """confirmed when every load is, refuted when any load is, inconclusive otherwise (or with no load).
-    `loads`: anything with an `outcome` (Verdict, artifacts.documents.DecisionLoad)."""
+    """The decision's outcome from its loads' verdicts: refuted when any load is; confirmed when every load is;
+    "faster, below the minimum effect" when every load is that or confirmed; inconclusive otherwise (or with
+    no load). `loads`: anything with an `outcome` (Verdict, artifacts.documents.DecisionLoad)."""
     outcomes = {load.outcome for load in loads}
-    if "refuted" in outcomes:
-        return "refuted"
-    return "confirmed" if outcomes == {"confirmed"} else "inconclusive"
+    if REFUTED in outcomes:
+        return REFUTED
+    if outcomes == {CONFIRMED}:
+        return CONFIRMED
+    if outcomes and outcomes <= {CONFIRMED, BELOW_MIN_EFFECT}:
+        return BELOW_MIN_EFFECT
+    return INCONCLUSIVE
 
 
 def is_verification(data: CampaignData) -> bool:
@@ -445,7 +486,8 @@ def verification(
     table = speedup_table(data, settings) if speedups is None else speedups
     rows = gain(table, "throughput").filter(pl.col("load_mode") == "closed")
     entry = next(e for e in data.spec.get("variants") or [] if e.get("name") == RECOMMENDED)
-    tolerance = decision_rule(data).guardrail
+    rule = decision_rule(data)
+    tolerance = rule.guardrail
     out = []
     for (concurrency,), group in rows.sort("concurrency").group_by(["concurrency"], maintain_order=True):
         by_variant = {r["variant"]: r for r in group.to_dicts()}
@@ -456,7 +498,7 @@ def verification(
         edge = _edge(rec, fixed, settings) if fixed else (None, None, None, "", None)
         k = k_at(entry.get("k_schedule"), int(concurrency), int(entry.get("k") or 0))
         estimate, n = float(rec["estimate"]), int(rec["n_repeats"])
-        outcome, reason = judge(k, estimate, rec["ci_low"], rec["ci_high"], n, tolerance)
+        outcome, reason = judge(k, estimate, rec["ci_low"], rec["ci_high"], n, tolerance, rule.min_effect)
         out.append(
             Verdict(
                 int(concurrency),
@@ -472,6 +514,7 @@ def verification(
                 outcome,
                 reason,
                 tolerance,
+                rule.min_effect,
             )
         )
     return out

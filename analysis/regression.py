@@ -5,7 +5,8 @@ plain, TPOT p50 speedup, acceptance rate, mean acceptance length), the ratio cur
 estimated as the ratio of geometric means with Student's two-sample t interval (pooled variance) on the logs of the runs'
 independently launched repeats. A figure REGRESSED
 when the whole interval lies below 1 - tolerance: the evidence says it moved down by more than the
-tolerance, not merely that one number came out lower.
+tolerance, not merely that one number came out lower. With one repeat on either side, or all repeats equal,
+there is no interval (a point, or zero width): such a figure is NOT_JUDGED, never regressed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from analysis.stats import ratio_of_means_interval
+from analysis.stats import has_interval, ratio_of_means_interval
 from specgauge.provenance import utc_now, utc_stamp
 
 GUARDED = ("throughput_speedup", "tpot_p50_speedup", "acceptance_rate", "mean_acceptance_length")
+NOT_JUDGED = "not enough repeats to judge"  # a point or a zero-width interval: no verdict, no alert
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Change:
     repeats: int
     method: str
     regressed: bool
+    judged: bool = True  # False: a point or a zero-width interval (NOT_JUDGED)
 
 
 def figures(con: duckdb.DuckDBPyConnection, campaign_id: str) -> pl.DataFrame:
@@ -76,6 +79,7 @@ def compare_campaigns(
             if not a or not b:
                 continue
             interval = ratio_of_means_interval(a, b, confidence=confidence)
+            judged = has_interval(interval)
             changes.append(
                 Change(
                     variant=variant,
@@ -89,7 +93,8 @@ def compare_campaigns(
                     high=interval.high,
                     repeats=interval.n,
                     method=interval.method,
-                    regressed=interval.high < 1 - tolerance,
+                    regressed=judged and interval.high < 1 - tolerance,
+                    judged=judged,
                 )
             )
     return changes
@@ -111,7 +116,9 @@ def markdown(current: str, reference: str, changes: list[Change], tolerance: flo
     for c in sorted(changes, key=lambda c: (not c.regressed, c.variant, c.workload, c.load, c.figure)):
         lines.append(
             f"| {c.variant} | {c.workload} | {c.load} | {c.figure} | {c.reference_mean:.3f} | {c.current_mean:.3f}"
-            f" | {c.ratio:.3f} [{c.low:.3f}, {c.high:.3f}] ({c.method}) | {'**yes**' if c.regressed else 'no'} |"
+            f" | {c.ratio:.3f} [{c.low:.3f}, {c.high:.3f}] ({c.method}) | "
+            + ("**yes**" if c.regressed else "no" if c.judged else NOT_JUDGED)
+            + " |"
         )
     return "\n".join(lines)
 

@@ -118,9 +118,18 @@ def decision_section(decision: pl.DataFrame) -> Section:
         f"<code>{html.escape(first['source_campaign_id'])}</code>) recommended a depth per batch-size range "
         "for one method (one deployment serves one method); this campaign launched that schedule beside plain "
         f"and the best fixed depth (k={first['fixed_k']}) the same way. Per load the schedule claims to beat "
-        "plain where it drafts and to be no worse than plain (within "
-        f"{first['tolerance']:.0%}) where it is off; the claim is confirmed or refuted only by an interval of "
-        "the throughput ratio over launches that lies wholly on one side, and is inconclusive otherwise.</p>"
+        "plain by the benefit rule's minimum effect where it drafts and to be no worse than plain (within "
+        f"{first['tolerance']:.0%}) where it is off. Verdicts read the interval of the throughput ratio over "
+        "launches: confirmed when its low bound clears 1 + the minimum effect (off: 1 - the tolerance); "
+        '"faster, below the minimum effect" when it clears 1 only; refuted when it lies wholly below 1 (off: '
+        "below 1 - the tolerance); inconclusive otherwise, and always without an interval. An invalid "
+        "verification campaign makes every load inconclusive.</p>"
+    )
+    validity = first.get("validity")
+    intro += (
+        f"<p>Validity of this verification campaign: <b>{html.escape(validity or 'not judged')}</b>"
+        + (f" ({html.escape(first['validity_reasons'])})" if first.get("validity_reasons") else "")
+        + "</p>"
     )
     if config:
         intro += (
@@ -157,7 +166,70 @@ def decision_section(decision: pl.DataFrame) -> Section:
     )
     caveats = json.loads(first["caveats"]) if first["caveats"] else []
     notes = "".join(f"<li>{html.escape(c)}</li>" for c in caveats)
-    return Section("decision", "The decision", intro + table + (f"<ul>{notes}</ul>" if notes else ""))
+    body = intro + table + (f"<ul>{notes}</ul>" if notes else "") + options_html(first)
+    return Section("decision", "The decision", body)
+
+
+def options_html(first: dict) -> str:
+    """The whole deployment options of a decision (v_decision.options, analysis.options), weighed by traffic,
+    and the choice; nothing for decisions written before them."""
+    options = json.loads(first.get("options") or "[]")
+    if not options:
+        return ""
+    frame = pl.DataFrame(
+        [{key: o.get(key) for key in DEPLOYMENT_OPTION_COLUMNS} for o in options],
+        schema=DEPLOYMENT_OPTION_COLUMNS,
+    )
+    worst = Column(
+        "worst load",
+        lambda r: (
+            "–"
+            if r["worst_concurrency"] is None
+            else f"C={r['worst_concurrency']}: "
+            + fmt_interval(r["worst"], r["worst_low"], r["worst_high"], None)
+        ),
+    )
+    table = html_table(
+        frame,
+        [
+            col("name", "option", str),
+            col("description", "config", str),
+            Column(
+                "expected gain over plain",
+                lambda r: fmt_interval(r["gain"], r["gain_low"], r["gain_high"], r["gain_interval"]),
+            ),
+            worst,
+            Column("may be chosen", lambda r: ("yes: " if r["eligible"] else "no: ") + r["reason"]),
+        ],
+        row_class=lambda r: "win" if r["name"] == first.get("choice") else "",
+        empty="no option",
+    )
+    return (
+        "<h3>Deployment options, weighed by traffic</h3>"
+        '<p class="note">One deployment serves every load: each option\'s expected gain is the traffic-weighted '
+        "geometric mean of its throughput over plain, with its interval; it may be chosen when that interval "
+        "clears 1 + the minimum effect and no load with traffic is refuted. Traffic: "
+        f"{html.escape(first.get('traffic') or '')}.</p>"
+        + table
+        + f"<p><b>Deploy: {html.escape(first.get('choice') or '')}</b>. "
+        f"{html.escape(first.get('choice_reason') or '')}</p>"
+    )
+
+
+DEPLOYMENT_OPTION_COLUMNS = {
+    "name": pl.String,
+    "description": pl.String,
+    "gain": pl.Float64,
+    "gain_low": pl.Float64,
+    "gain_high": pl.Float64,
+    "gain_interval": pl.String,
+    "worst_concurrency": pl.Int64,
+    "worst": pl.Float64,
+    "worst_low": pl.Float64,
+    "worst_high": pl.Float64,
+    "eligible": pl.Boolean,
+    "reason": pl.String,
+}
 
 
 def recommendation_section(recommendations: list) -> Section:

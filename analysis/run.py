@@ -23,7 +23,6 @@ import polars as pl
 
 from analysis import charts as ch
 from analysis.acceptance import acceptance_fits, acceptance_intervals, per_position
-from analysis.adaptive_repeats import report_confidence
 from analysis.breakeven import break_even_table
 from analysis.capacity import capacity_table, has_rate_sweep, search_table
 from analysis.choice import choice_table
@@ -38,6 +37,7 @@ from analysis.report import building, render_page, vega_bundle, write_page
 from analysis.report_sections import campaign_sections
 from analysis.results import Results
 from analysis.sampling_report import load_sampling_checks, sampling_chart
+from analysis.sequential_verification import report_confidence
 from analysis.simulate.store import load_tree_sim
 from analysis.speedup import speedup_table
 from analysis.store import ANALYSIS_TABLES, RUNS_TABLE, store_results

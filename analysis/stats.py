@@ -305,6 +305,71 @@ def pooled_ratio_interval(
     )
 
 
+# ------------------------------------------------------------------------- weighted sums of log-ratios
+
+
+@dataclass(frozen=True)
+class LogRatio:
+    """A geometric-mean ratio on the log scale: the mean log-ratio, its standard error and the t degrees of
+    freedom that `ratio_interval` (with history: `pooled_ratio_interval`) draws its interval with; se 0 and
+    df 0 where those draw none (one repeat without history, all repeats equal)."""
+
+    mean: float
+    se: float
+    df: float
+    n: int
+
+    @property
+    def drawn(self) -> bool:
+        return self.df >= 1 and self.se > 0
+
+
+def log_ratio(ratios: Sequence[float], history: LaunchVariance | None = None) -> LogRatio:
+    """The mean log of per-repeat paired ratios with the standard error and df of `pooled_ratio_interval`
+    (`ratio_interval` without usable history), so that an interval drawn from it is theirs."""
+    r = np.asarray(ratios, dtype=float)
+    if len(r) == 0 or (r <= 0).any() or not np.isfinite(r).all():
+        raise ValueError(f"ratios must be positive and finite: {r.tolist()}")
+    d = np.log(r)
+    n = len(d)
+    mean = float(d.mean())
+    if history is not None and history.df >= 1 and math.isfinite(history.variance) and history.variance >= 0:
+        df = history.df + n - 1
+        squares = history.df * history.variance + ((n - 1) * float(d.var(ddof=1)) / 2 if n >= 2 else 0.0)
+        return LogRatio(mean, math.sqrt(2 * (squares / df) / n), float(df), n)
+    if n < 2 or np.allclose(d, d[0], rtol=0, atol=1e-12):
+        return LogRatio(mean, 0.0, 0.0, n)
+    return LogRatio(mean, float(d.std(ddof=1)) / math.sqrt(n), float(n - 1), n)
+
+
+def weighted_ratio_interval(parts: Sequence[tuple[float, LogRatio]], *, confidence: float = 0.95) -> Interval:
+    """exp(sum_i w_i m_i) over INDEPENDENT log-ratio estimates m_i (from separate launches), with the t
+    interval of that weighted sum: variance sum_i w_i^2 se_i^2, degrees of freedom by Welch-Satterthwaite,
+    (sum_i w_i^2 se_i^2)^2 / sum_i (w_i^2 se_i^2)^2 / df_i. One part of weight 1 gives its own interval back.
+    Parts of weight 0 are left out; a weighted part without an interval leaves the sum without one (a point's
+    spread is unknown, not nil). n: the fewest repeats of a weighted part. Estimates that share launches are
+    not independent: combine them per launch first (analysis.options)."""
+    used = [(float(w), part) for w, part in parts if w > 0]
+    if not used:
+        raise ValueError("no part with a positive weight")
+    mean = sum(w * part.mean for w, part in used)
+    estimate = math.exp(mean)
+    n = min(part.n for _, part in used)
+    if not all(part.drawn for _, part in used):
+        return Interval(estimate, estimate, estimate, n, "a weighted part without an interval: no interval")
+    terms = [((w * part.se) ** 2, part.df) for w, part in used]
+    variance = sum(term for term, _ in terms)
+    df = variance**2 / sum(term**2 / part_df for term, part_df in terms)
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(variance)
+    return Interval(
+        estimate,
+        math.exp(mean - half),
+        math.exp(mean + half),
+        n,
+        f"t on weighted log-ratios ({df:.1f} df, Welch-Satterthwaite) {percent(confidence)}",
+    )
+
+
 # ------------------------------------------------------------------- prompt-clustered bootstrap of a ratio
 
 CLUSTER_VARIANTS = (

@@ -17,6 +17,13 @@
   alone: such cells make the campaign at best inconclusive, and invalid when they are a quarter or more of
   its cells. (The tests' campaign in CI, whose A/A gap was 34.9%, ran beside the suite's second pytest
   worker: docs/analysis.md, "Contention", has the measurement.)
+- **Steal**: each cell also records the share of the host's CPU the hypervisor gave to other tenants of a
+  virtual machine's host while it measured (kept apart from other processes). More than
+  `validity.max_steal_share` (5%) during a cell: the same verdict effect as contention.
+- **Load reached**: each cell records its achieved concurrency (measured requests in flight, time-weighted
+  over its window: tasks/metrics/summary.py). A closed-loop cell below `validity.min_concurrency_fill` (90%)
+  of its C did not put the load it names on the engine: the same verdict effect as contention. Open-loop
+  cells are not judged here; cells measured before these figures were recorded are skipped, not counted.
 
 - **Provenance**: the two arms of each comparison (a variant or the A/A arm, and its plain) must have run
   the same target weights, engine packages, overlays and hardware (deployment.json's `provenance`,
@@ -145,6 +152,86 @@ def contended_cells(data: CampaignData, limit: float) -> tuple[int, int, float, 
     return over.height, known.height, float(worst["host_other_share"]), str(worst["cell_id"])
 
 
+def steal_heavy_cells(data: CampaignData, limit: float) -> tuple[int, int, float, str] | None:
+    """(cells over the limit, cells with a figure, the largest share, the worst cell's id) where the hypervisor
+    stole more than `limit` of the host's CPU during some cell; None when it never did (or no cell recorded it)."""
+    frame = data.host_load
+    if frame.is_empty() or "host_steal_share" not in frame.columns:
+        return None
+    known = frame.filter(pl.col("host_steal_share").is_not_null())
+    over = known.filter(pl.col("host_steal_share") > limit).sort("host_steal_share", descending=True)
+    if over.is_empty():
+        return None
+    worst = over.row(0, named=True)
+    return over.height, known.height, float(worst["host_steal_share"]), str(worst["cell_id"])
+
+
+def underfilled_cells(data: CampaignData, min_fill: float) -> tuple[int, int, float, int, str] | None:
+    """(closed-loop cells whose achieved concurrency is below `min_fill` of their C, closed-loop cells with a
+    figure, the worst cell's achieved concurrency, its C, its id); None when every such cell reached its load
+    (open-loop cells have no C to reach; a cell without the figure predates it)."""
+    frame = data.host_load
+    if frame.is_empty() or "achieved_concurrency" not in frame.columns:
+        return None
+    known = frame.filter(
+        (pl.col("load_mode") == "closed")
+        & pl.col("concurrency").is_not_null()
+        & pl.col("achieved_concurrency").is_not_null()
+    ).with_columns((pl.col("achieved_concurrency") / pl.col("concurrency")).alias("fill"))
+    under = known.filter(pl.col("fill") < min_fill).sort("fill")
+    if under.is_empty():
+        return None
+    worst = under.row(0, named=True)
+    return (
+        under.height,
+        known.height,
+        float(worst["achieved_concurrency"]),
+        int(worst["concurrency"]),
+        str(worst["cell_id"]),
+    )
+
+
+def _cells_reason(verdict: str, reasons: list[str], failing: int, known: int, text: str) -> str:
+    """Add the reason for cells that failed a per-cell check; the verdict it leaves: invalid when they are a
+    quarter or more of the cells with a figure, else at best inconclusive."""
+    if failing / known >= 0.25:
+        reasons.append(f"invalid: {text}")
+        return "invalid"
+    reasons.append(f"inconclusive: {text}")
+    return "inconclusive" if verdict == "valid" else verdict
+
+
+def _cell_reasons(data: CampaignData, rules: ValiditySpec, verdict: str, reasons: list[str]) -> str:
+    """The per-cell checks (contention, steal, load reached): their reasons, and the verdict they leave."""
+    contention = contended_cells(data, rules.max_other_cpu_share)
+    if contention is not None:
+        n, known, share, cell = contention
+        text = (
+            f"other processes used more than {rules.max_other_cpu_share:.0%} of the host's CPU during "
+            f"{n} of {known} cells (up to {share:.0%}: {cell}): the engine did not have the machine to itself"
+        )
+        verdict = _cells_reason(verdict, reasons, n, known, text)
+    steal = steal_heavy_cells(data, rules.max_steal_share)
+    if steal is not None:
+        n, known, share, cell = steal
+        text = (
+            f"the hypervisor stole more than {rules.max_steal_share:.0%} of the host's CPU during {n} of "
+            f"{known} cells (up to {share:.1%}: {cell}): other tenants of the virtual machine's host took "
+            "time from the engine"
+        )
+        verdict = _cells_reason(verdict, reasons, n, known, text)
+    underfilled = underfilled_cells(data, rules.min_concurrency_fill)
+    if underfilled is not None:
+        n, known, achieved, concurrency, cell = underfilled
+        text = (
+            f"{n} of {known} closed-loop cells reached less than {rules.min_concurrency_fill:.0%} of their "
+            f"concurrency (worst: cell {cell} reached {achieved:.1f} of its C={concurrency} in flight "
+            f"({achieved / concurrency:.0%})): the engine did not get the load they name"
+        )
+        verdict = _cells_reason(verdict, reasons, n, known, text)
+    return verdict
+
+
 def split_blocks(data: CampaignData) -> dict[int, list[str]]:
     """Repeat blocks whose launches ran on more than one node (repeat -> nodes): their speedups are not
     paired within a node (a relaunch that the cluster placed elsewhere, or `sml`, which cannot pin one)."""
@@ -209,20 +296,7 @@ def validity_table(data: CampaignData, settings: AnalysisSettings | None = None)
     elif spread > rules.max_repeat_spread:
         verdict = "invalid"
         reasons.append(f"invalid: repeat spread {spread:.1%} > {rules.max_repeat_spread:.0%}")
-    contention = contended_cells(data, rules.max_other_cpu_share)
-    if contention is not None:
-        share_of_cells = contention[0] / contention[1]
-        text = (
-            f"other processes used more than {rules.max_other_cpu_share:.0%} of the host's CPU during "
-            f"{contention[0]} of {contention[1]} cells (up to {contention[2]:.0%}: {contention[3]}): the engine "
-            "did not have the machine to itself"
-        )
-        if share_of_cells >= 0.25:
-            verdict = "invalid"
-            reasons.append(f"invalid: {text}")
-        else:
-            verdict = "inconclusive" if verdict == "valid" else verdict
-            reasons.append(f"inconclusive: {text}")
+    verdict = _cell_reasons(data, rules, verdict, reasons)
     for repeat, nodes in split_blocks(data).items():
         reasons.append(
             f"repeat block r{repeat} ran on {len(nodes)} nodes ({', '.join(nodes)}): its speedups mix nodes"

@@ -10,6 +10,7 @@
     verdict id     <treatment variant>.<8 hex of its inputs>                     ngram-k3.0a1b2c3d
     profile id     <variant>.<workload or "all">.c<C>.<UTC stamp>
     adaptation id  <variant>.<target stratum>.<8 hex of its inputs>               eagle3-k3.shifted.0a1b2c3d
+    decision file  <decision id>[.rev<n>] (its n-th revision; the first has no suffix) code-0a1b2c3d4e.rev2
     adapted cell   <variant>.<head>.r<repeat>.<workload>.<load label> (head old|new) eagle3-k3.new.r0.chat.c1
 
 Variant names may contain '.', so parsers read from the right, where the shapes are fixed.
@@ -124,6 +125,21 @@ def parse_attempt_name(name: str) -> tuple[str, int] | None:
     """(cell id, attempt) of an attempt directory's name; None when the name is not one."""
     match = _ATTEMPT.match(name)
     return (match["cell_id"], int(match["attempt"])) if match else None
+
+
+def decision_revision_name(decision_id: str, revision: int) -> str:
+    """The file stem of a decision's revision (revisions count from 1, as attempts do; the first keeps the bare
+    id, which decisions written before revisions have)."""
+    return decision_id if revision == 1 else f"{decision_id}.rev{revision}"
+
+
+_DECISION_REVISION = re.compile(r"^(?P<decision_id>.+)\.rev(?P<revision>[1-9]\d*)$")
+
+
+def parse_decision_revision(name: str) -> tuple[str, int]:
+    """(decision id, revision) of a decision file's stem."""
+    match = _DECISION_REVISION.match(name)
+    return (match["decision_id"], int(match["revision"])) if match else (name, 1)
 
 
 # ----------------------------------------------------------------------------- captures, verdicts, profiles

@@ -18,7 +18,7 @@
     RAW/<campaign_id>/calibration/<calibration_id>.json                ClientCalibrationDocument
     RAW/<campaign_id>/sampling_checks/<check_id>.json                  SamplingCheckDocument
     RAW/<campaign_id>/adaptations/<adaptation_id>.json                 AdaptationDocument (tasks.adapt)
-    RAW/<campaign_id>/decisions/<decision_id>.json                     DecisionDocument (analysis.verification)
+    RAW/<campaign_id>/decisions/<decision_id>[.rev<n>].json            DecisionDocument (analysis.verification)
     RAW/<campaign_id>/promotions/<decision_id>.json                    PromotionDocument (tasks.promote)
     RAW/drafters/<drafter_id>/card.json, curve.parquet, head/          DrafterCard (tasks.drafters.training)
     RAW/<campaign_id>/profiles/<profile_id>/meta.json                  ProfileMeta
@@ -364,8 +364,16 @@ def adaptation_files(directory: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- decisions and promotions
 
 
-def decision_file(directory: Path, decision_id: str) -> Path:
-    return child(Path(directory) / DECISIONS, f"{decision_id}.json", "decision id")
+def decision_file(directory: Path, decision_id: str, revision: int = 1) -> Path:
+    """A decision's n-th revision (ids.decision_revision_name): a recomputed decision is a new file."""
+    name = ids.decision_revision_name(decision_id, revision)
+    return child(Path(directory) / DECISIONS, f"{name}.json", "decision id")
+
+
+def decision_revisions(directory: Path, decision_id: str) -> list[tuple[int, Path]]:
+    """(revision, file) of one decision in a campaign's folder, oldest first."""
+    found = [(ids.parse_decision_revision(p.stem), p) for p in decision_files(directory)]
+    return sorted((revision, p) for (name, revision), p in found if name == decision_id)
 
 
 def decision_files(directory: Path) -> list[Path]:

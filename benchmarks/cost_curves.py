@@ -97,6 +97,7 @@ def write_campaign_spec(folder: Path, cells: int, launcher: str) -> Path:
             "concurrencies": list(range(1, loads + 1)),
             "requests": 1,
             "warmup": 0,
+            "allow_short_cells": True,  # the cost of starting a cell, not a load: one request each
             "request_timeout_s": 30,
         },
         "sampling": {"max_tokens": 1},

@@ -235,6 +235,7 @@ def one_start(
                         concurrencies=(concurrency,),
                         requests=requests,
                         warmup=2,
+                        allow_short_cells=True,  # the first cells after a start, sized as always
                         request_timeout_s=spec.load.request_timeout_s,
                     ),
                     slo=spec.slo,

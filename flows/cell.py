@@ -68,6 +68,7 @@ def cell(
             rates=(rate,) if rate else (),
             requests=requests,
             warmup=warmup,
+            allow_short_cells=True,  # one ad hoc cell: the caller chose both counts
         ),
         slo=SLO(),
         cells_dir=state.cells_dir(directory),

@@ -2,10 +2,11 @@
 
 sweep (a campaign of the spec, or a finished one) -> recommend (per batch-size range a method and depth, or
 off: analysis.recommend) -> verify (a campaign launching plain, the best fixed depth and the recommended
-schedule the same way, `decision.verify_repeats` times each) -> decide (per load: what the schedule claims,
-what the launch measured, confirmed / refuted / inconclusive; written once, ingested, in the report) ->
-sign off (in the UI: the run pauses for a person's approval, typed input) -> promote (the config files a team
-deploys; the nightly regression runs the promoted config).
+schedule the same way, `decision.verify_repeats` times each) -> decide (from the ingested verification
+campaign: per load what the schedule claims, what the launch measured and the verdict on the benefit rule,
+with the campaign's validity; a new revision when recomputed with other figures; ingested, in the report) ->
+sign off (in the UI: the run pauses for a person's approval, typed input, only for a confirmed decision of a
+valid campaign) -> promote (the config files a team deploys; the nightly regression runs the promoted config).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class DecisionRequest(BaseModel):
     workload: str | None = Field(
         default=None, description="The workload (stratum) to decide for, when the sweep measured several."
     )
+    traffic: str | None = Field(
+        default=None,
+        description="A traffic profile weighing the loads when whole deployment options are compared (a list of "
+        "{concurrency, share}, or a Prometheus range export of vllm:num_requests_running; on the worker's "
+        "machine). Empty: the spec's decision.traffic, else equal over the measured loads.",
+    )
     sign_off: bool = Field(
         default=True,
         description="Pause for a person's approval before the verified config is promoted (the nightly "
@@ -80,19 +87,30 @@ def recommend_task(campaign_id: str, workload: str | None) -> VerificationPlan:
 
 
 @task(name="decision", cache_policy=NO_CACHE)
-def decision_task(plan: VerificationPlan, campaign_id: str) -> dict[str, Any]:
+def decision_task(plan: VerificationPlan, campaign_id: str, traffic: str | None = None) -> dict[str, Any]:
+    """The decision from the warehouse as it is now (recomputed on every run: a resumed verification that
+    measured a failed load gives a new revision), judged with the campaign's validity from the same data, its
+    whole deployment options from the verification and the sweep, weighed by `traffic`."""
     from analysis.data import load_campaign
 
     with reader() as con:
         data = load_campaign(con, campaign_id)
-    path, doc = write_decision(decision_of(plan, data))
-    get_run_logger().info("decision %s: %s", doc.decision_id, doc.summary)
+        sweep = load_campaign(con, plan.source_campaign_id) if plan.spec else None
+    path, doc = write_decision(decision_of(plan, data, sweep=sweep, traffic=traffic))
+    get_run_logger().info("decision %s (revision %d): %s", doc.decision_id, doc.revision, doc.summary)
     create_markdown_artifact(
         key=f"decision-{doc.decision_id}".lower().replace("_", "-").replace(".", "-"),
         markdown=decision_markdown(doc.model_dump(mode="json")),
         description=doc.summary,
     )
     return {"decision_id": doc.decision_id, "path": str(path), **doc.model_dump(mode="json")}
+
+
+def refusal_of(decision: dict[str, Any]) -> str | None:
+    """Why the decision may not be promoted (DecisionDocument.refusal; None: it may)."""
+    from artifacts.documents import DecisionDocument
+
+    return DecisionDocument.model_validate(decision).refusal()
 
 
 def span(x: float | None, lo: float | None, hi: float | None) -> str:
@@ -109,6 +127,9 @@ def decision_markdown(doc: dict[str, Any]) -> str:
         "",
         doc["summary"],
         "",
+        f"Validity of the verification campaign: {doc.get('validity') or 'not judged'}"
+        + (f" ({doc['validity_reasons']})" if doc.get("validity_reasons") else ""),
+        "",
         "| batch sizes | k | claim | sweep | launched: over plain | over fixed depth | outcome |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -120,10 +141,37 @@ def decision_markdown(doc: dict[str, Any]) -> str:
             f"{span(load['over_fixed'], load['over_fixed_low'], load['over_fixed_high'])} | "
             f"{load['outcome']}: {load['reason']} |"
         )
+    lines += options_markdown(doc)
     if doc.get("speculative_config"):
         lines += ["", "`--speculative-config`:", "", "```json", json.dumps(doc["speculative_config"]), "```"]
     lines += ["", *(f"- {note}" for note in doc.get("caveats") or [])]
     return "\n".join(lines)
+
+
+def options_markdown(doc: dict[str, Any]) -> list[str]:
+    """The whole deployment options weighed by traffic, and the choice (none in older decisions)."""
+    if not doc.get("options"):
+        return []
+    lines = [
+        "",
+        f"Deployment options, weighed by traffic ({doc.get('traffic')}):",
+        "",
+        "| option | expected gain over plain | worst load | may be chosen |",
+        "|---|---|---|---|",
+    ]
+    for option in doc["options"]:
+        worst = (
+            f"C={option['worst_concurrency']}: "
+            + span(option["worst"], option["worst_low"], option["worst_high"])
+            if option.get("worst_concurrency") is not None
+            else "–"
+        )
+        lines.append(
+            f"| {option['name']} ({option['description']}) | "
+            f"{span(option['gain'], option['gain_low'], option['gain_high'])} | {worst} | "
+            f"{'yes' if option['eligible'] else 'no'}: {option['reason']} |"
+        )
+    return [*lines, "", f"**Deploy: {doc['choice']}**. {doc.get('choice_reason', '')}"]
 
 
 @task(name="promote", cache_policy=NO_CACHE)
@@ -131,7 +179,9 @@ def promote_task(decision: dict[str, Any], approval: Approval | None, via: str) 
     from tasks.promote import promote_decision
 
     if approval is None:
-        return {"promoted": False, "why": "no sign-off asked (sign_off off)"}
+        refusal = refusal_of(decision) if decision.get("speculative_config") else None
+        why = f"not promotable: {refusal}" if refusal else "no sign-off asked (sign_off off)"
+        return {"promoted": False, "why": why}
     return promote_decision(decision["decision_id"], approval.approve, approval.approver, approval.note, via)
 
 
@@ -166,11 +216,20 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
     if plan.spec_path is not None:  # speculation on somewhere: launch the schedule
         verification = CampaignRequest(spec_path=str(plan.spec_path), label=request.label, analyze=False)
         campaign_id = campaign(verification)["campaign_id"]
-    decision = decision_task(plan, campaign_id)
-    ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
+    # The campaign flow ingested its cells; the decision reads them, and judges their validity, from the
+    # warehouse (analysis.validity on the same data the analysis below reads).
+    decision = decision_task(plan, campaign_id, request.traffic)
+    ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)  # the decision: in the report
     analysis = analyze_flow(AnalysisRequest(campaign_id=campaign_id))
     report = analysis["report"]
-    approval = sign_off(decision, request.sign_off_timeout_s) if request.sign_off and plan.spec else None
+    refusal = refusal_of(decision) if plan.spec else None
+    if refusal is not None:  # the run ends saying why instead of asking for a sign-off
+        get_run_logger().info("not promotable, no sign-off asked: %s", refusal)
+    approval = (
+        sign_off(decision, request.sign_off_timeout_s)
+        if request.sign_off and plan.spec and refusal is None
+        else None
+    )
     promotion = promote_task(decision, approval, via="prefect-ui")
     if approval is not None:  # the answer is a raw artifact too: v_decision shows who signed off
         ingest_flow(raw_dir=str(get_settings().raw_dir), campaign_id=campaign_id)
@@ -180,6 +239,6 @@ def decide(request: DecisionRequest | None = None) -> dict[str, Any]:
         "decision": decision,
         "report": report,
         "promotion": promotion,
-        # the verification campaign's own validity (analysis/validity.py): valid, invalid or inconclusive
-        "validity": {"verdict": analysis.get("validity"), "reasons": analysis.get("validity_reasons")},
+        # the verification campaign's own validity (analysis/validity.py), as the decision was judged with it
+        "validity": {"verdict": decision.get("validity"), "reasons": decision.get("validity_reasons")},
     }

@@ -9,6 +9,7 @@ from prefect.states import Failed
 from pydantic import BaseModel, Field
 
 from analysis.regression import (
+    NOT_JUDGED,
     as_rows,
     compare_campaigns,
     current_reference,
@@ -79,12 +80,16 @@ def regression_check(
         description=f"{current} vs {reference}",
     )
     regressed = [c for c in changes if c.regressed]
+    unjudged = [c for c in changes if not c.judged]
     outcome = {
         "campaign_id": current,
         "reference": reference,
         "regressed": as_rows(regressed),
         "checked": len(changes),
+        "not_judged": len(unjudged),
     }
+    if unjudged:  # a point or a zero-width interval: said, never alerted on
+        logger.warning("%d of %d figures: %s", len(unjudged), len(changes), NOT_JUDGED)
     if not regressed:
         logger.info("no regression against %s (%d figures checked)", reference, len(changes))
         return outcome
@@ -129,8 +134,9 @@ LOST = "stopped beating plain"  # in the Failed message of a promoted config tha
 def promoted_check(label: str | None = None) -> Any:
     """Re-run the verification of the latest promoted decision (plain, the best fixed depth and the promoted
     schedule, launched as when it was verified) and end Failed, with an alert, when the schedule no longer
-    beats plain at a load where it drafts (its point estimate below 1, or the interval wholly below)."""
-    from analysis.verification import verdicts_of
+    beats plain at a load where it drafts: the interval of its throughput over plain wholly below 1. A load
+    without an interval (one launch, or a zero-width interval) says "not enough repeats to judge" instead."""
+    from analysis.verification import NOT_JUDGED, promoted_losses, verdicts_of
     from artifacts.documents import read_decision
     from tasks.promote import latest_promoted_decision
 
@@ -144,7 +150,9 @@ def promoted_check(label: str | None = None) -> Any:
         CampaignRequest(spec_path=decision.verification_spec, label=label or utc_stamp(), gate=False)
     )
     verdicts = verdicts_of(result["campaign_id"])
-    lost = [v for v in verdicts if v.k > 0 and (v.outcome == "refuted" or v.over_plain < 1.0)]
+    lost, unjudged = promoted_losses(verdicts)
+    if unjudged:
+        logger.warning("%s at %s", NOT_JUDGED, ", ".join(f"C={v.concurrency}" for v in unjudged))
     create_markdown_artifact(
         key=f"promoted-{decision_id}".lower().replace("_", "-").replace(".", "-"),
         markdown="\n".join(
@@ -156,6 +164,7 @@ def promoted_check(label: str | None = None) -> Any:
         "decision_id": decision_id,
         "campaign_id": result["campaign_id"],
         "lost": [v.text() for v in lost],
+        "not_judged": [f"C={v.concurrency}: {NOT_JUDGED}" for v in unjudged],
     }
     if not lost:
         logger.info("the promoted %s still beats plain where it drafts", decision_id)

@@ -67,6 +67,7 @@ def load_plan(cell: CellPlan, load: LoadSpec, seed: int) -> LoadPlan:
         warmup=load.warmup_at(cell.concurrency),
         time_cap_s=load.time_cap_s,
         seed=seed,
+        window_s=load.window_s if cell.mode == "closed" else None,
     )
 
 
@@ -186,6 +187,50 @@ async def _run_load_here(
     )
     async with streaming as client:
         return await run_load(client, prompts, plan, sampling, **hooks)
+
+
+@dataclass(frozen=True)
+class EngineWarmup:
+    """What warm_engine sent: per concurrency, its requests and how many of them ended ok."""
+
+    loads: tuple[tuple[int, int, int], ...]  # (C, requests, ok)
+    seconds: float
+
+    def describe(self) -> str:
+        return ", ".join(f"C={c}: {ok}/{n} ok" for c, n, ok in self.loads) + f" in {self.seconds:.1f} s"
+
+
+def warm_engine(
+    deployment: Deployment,
+    concurrencies: Sequence[int],
+    prompts: Sequence[Prompt],
+    sampling: Sampling,
+    *,
+    timeout_s: float = 300.0,
+    time_cap_s: float = 600.0,
+) -> EngineWarmup:
+    """An unmeasured closed-loop burst of C requests at each concurrency C, in turn, through the cells' own
+    client: the engine's first batches at a size (CPU kernels, allocator, graphs) are then behind it. Its
+    records are dropped. Never raises for a failed request; one that fails is counted, not ok."""
+
+    async def bursts() -> EngineWarmup:
+        started = time.perf_counter()
+        loads = []
+        streaming = StreamingClient(
+            deployment.base_url,
+            deployment.served_model_name,
+            authorization=deployment.authorization(),
+            timeout_s=timeout_s,
+            max_connections=max(concurrencies, default=1),
+        )
+        async with streaming as client:
+            for c in concurrencies:
+                plan = LoadPlan("closed", concurrency=c, requests=c, warmup=0, time_cap_s=time_cap_s)
+                result = await run_load(client, prompts, plan, sampling)
+                loads.append((c, len(result.records), sum(r.ok for r in result.records)))
+        return EngineWarmup(tuple(loads), time.perf_counter() - started)
+
+    return asyncio.run(bursts())
 
 
 def prompt_fit_problems(
@@ -374,7 +419,11 @@ def _cell_summary(
     cpu = measured.cpu
     if cpu is not None:
         summary.host = HostLoad(
-            cpus=cpu.cpus, busy_share=cpu.busy, ours_share=cpu.ours, other_share=cpu.other
+            cpus=cpu.cpus,
+            busy_share=cpu.busy,
+            ours_share=cpu.ours,
+            other_share=cpu.other,
+            steal_share=cpu.steal,
         )
     return summary
 

@@ -19,7 +19,7 @@ import json
 import shlex
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from artifacts import layout
 from artifacts.documents import DecisionDocument, PromotionDocument
+from artifacts.documents.decisions import REFUTED
 from artifacts.store import atomic_dir, read_document, write_json_atomic
 from experiments.spec import ExperimentSpec, SlurmLaunchSpec, SmlLaunchSpec, TargetSpec, Variant, load_spec
 from specgauge.errors import ArtifactError, InputError
@@ -272,12 +273,18 @@ def _sml_text(
 
 
 def deploy_files(
-    decision: DecisionDocument, spec: ExperimentSpec, *, cluster: ClusterConfig | None = None
+    decision: DecisionDocument,
+    spec: ExperimentSpec,
+    *,
+    cluster: ClusterConfig | None = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, str]:
     """File name -> text for a team to deploy the decision's config, rendered by the launchers' own code.
     `spec` is the verification campaign's spec; `cluster` the cluster block its launcher names, when the
-    caller has read it (otherwise the SLURM/sml scripts take the launchers' defaults and say so)."""
+    caller has read it (otherwise the SLURM/sml scripts take the launchers' defaults and say so); `notes`:
+    comment lines of the caller's (without_refuted's changes)."""
     found = deployable(decision, spec)
+    found = replace(found, notes=[*found.notes, *notes])
     serve, args = _serve_script(spec, found)
     entry = found.variant.model_dump(mode="json", exclude_defaults=True)
     variant_text = _comments(
@@ -315,6 +322,8 @@ def write_promotion(
     via: str,
     home: Path,
     cluster: ClusterConfig | None = None,
+    override: str = "",
+    notes: Sequence[str] = (),
 ) -> PromotionDocument:
     """Record a person's answer to `decision` once, at RAW/<campaign>/promotions/<decision_id>.json. Approved:
     first the deploy files under HOME/promoted/<decision_id>/ (whole or not at all). A second answer to the
@@ -337,7 +346,7 @@ def write_promotion(
             raise InputError(
                 f"decision {decision.decision_id}: {target} exists (promoted files are written once)"
             )
-        rendered = deploy_files(decision, spec, cluster=cluster)
+        rendered = deploy_files(decision, spec, cluster=cluster, notes=notes)
         args = serve_args(rendered)
         config = _speculative_config(args)
         with atomic_dir(target) as tmp:
@@ -353,6 +362,8 @@ def write_promotion(
         approver=approver,
         note=note,
         via=via,
+        decision_revision=decision.revision,
+        override=override,
         speculative_config=config,
         vllm_args=args,
         files=files,
@@ -415,10 +426,57 @@ def latest_promoted_decision(home: Path) -> str | None:
     return max(approved)[2] if approved else None
 
 
-def promote_decision(decision_id: str, approved: bool, approver: str, note: str, via: str) -> dict[str, Any]:
-    """A person's answer to a stored decision (artifacts.documents.read_decision), with the spec it was
-    verified with (the verification campaign's spec file; the sweep's record when nothing was launched): the
-    promotion document, and when approved the deploy files. Returns what the CLI and the flow print."""
+def without_refuted(decision: DecisionDocument) -> tuple[DecisionDocument, list[str], str | None]:
+    """The decision as it may be deployed: every range the verification refuted where the schedule drafts is
+    served with speculation off, and said so (the notes). The third item says why nothing may be deployed at
+    all (None: something may): a range refuted with speculation off (the engine with speculation configured
+    ran below plain there, which no schedule avoids) or a schedule off everywhere once refuted ranges are."""
+    refuted = [load for load in decision.loads if load.outcome == REFUTED]
+    if not refuted or decision.variant is None:
+        return decision, [], None
+    off = [f"{load.batch_from}-{load.batch_to}" for load in refuted if load.k == 0]
+    if off:
+        return (
+            decision,
+            [],
+            (
+                f"batch sizes {', '.join(off)}: refuted with speculation off (a deployment with speculation "
+                "configured ran below plain there): no schedule avoids that range; deploy plain"
+            ),
+        )
+    ranges: list[list[int]] = []
+    for load in sorted(decision.loads, key=lambda item: item.batch_from):
+        k = 0 if load.outcome == REFUTED else load.k
+        if ranges and ranges[-1][2] == k and ranges[-1][1] + 1 == load.batch_from:
+            ranges[-1][1] = load.batch_to
+        else:
+            ranges.append([load.batch_from, load.batch_to, k])
+    if all(k == 0 for _, _, k in ranges):
+        return decision, [], "every range the schedule drafts in was refuted: deploy plain"
+    variant = _validated(Variant, {**decision.variant, "k_schedule": ranges}, decision, "variant")
+    notes = [
+        f"batch sizes {load.batch_from}-{load.batch_to}: speculation off here, the verification refuted k={load.k}"
+        for load in refuted
+    ]
+    changed = decision.model_copy(
+        update={
+            "variant": variant.model_dump(mode="json", exclude_defaults=True),
+            "speculative_config": variant.speculative_config(),
+            "schedule": ranges,
+        }
+    )
+    return changed, notes, None
+
+
+def promote_decision(
+    decision_id: str, approved: bool, approver: str, note: str, via: str, override: str = ""
+) -> dict[str, Any]:
+    """A person's answer to a stored decision (artifacts.documents.read_decision, its latest revision), with
+    the spec it was verified with (the verification campaign's spec file; the sweep's record when nothing was
+    launched): the promotion document, and when approved the deploy files. Only a confirmed decision of a valid
+    campaign is promoted (DecisionDocument.refusal) unless `override` gives the approver's reason, which is
+    recorded; even then no range the verification refuted is deployed (without_refuted). Returns what the CLI
+    and the flow print; `refused`: the tool refused (the CLI exits 1)."""
     from artifacts.documents import read_decision
     from specgauge.settings import get_settings
 
@@ -426,14 +484,42 @@ def promote_decision(decision_id: str, approved: bool, approver: str, note: str,
     campaign_dir = path.parent.parent
     if decision.speculative_config is None:
         return {"promoted": False, "why": "speculation is off at every load: there is nothing to promote"}
+    notes: list[str] = []
+    if approved:
+        refusal = decision.refusal()
+        if refusal is not None and not override.strip():
+            return {
+                "promoted": False,
+                "refused": True,
+                "why": f"not promotable: {refusal} (--override REASON promotes it anyway, recorded with the "
+                "approver)",
+            }
+        decision, notes, blocked = without_refuted(decision)
+        if blocked is not None:
+            return {
+                "promoted": False,
+                "refused": True,
+                "why": f"not promotable even with --override: {blocked}",
+            }
     spec = load_spec(Path(decision.verification_spec))
     home = get_settings().home
     document = write_promotion(
-        campaign_dir, decision, spec, approved=approved, approver=approver, note=note, via=via, home=home
+        campaign_dir,
+        decision,
+        spec,
+        approved=approved,
+        approver=approver,
+        note=note,
+        via=via,
+        home=home,
+        override=override.strip(),
+        notes=notes,
     )
     return {
         "promoted": document.approved,
         "why": "" if document.approved else f"refused by {approver}",
         "files": document.files,
+        "notes": notes,
+        "override": document.override,
         "path": str(layout.promotion_file(campaign_dir, decision_id)),
     }

@@ -16,7 +16,7 @@ from specgauge.errors import LaunchError
 from tasks import campaign_state as state
 from tasks.capacity import EngineGone, Point, search_deployment
 from tasks.capture import capture
-from tasks.cell import CellOutcome, run_cell
+from tasks.cell import CellOutcome, run_cell, warm_engine
 from tasks.launch import Launcher
 from tasks.launch.base import Deployment
 from tasks.load.records import RequestRecord
@@ -98,6 +98,7 @@ def _measure(
     log: logging.Logger | logging.LoggerAdapter,
 ) -> bool:
     """One launch's work: the cells, then the captures and the search; True when the engine died."""
+    warm_launch(run, deployment, cells, log)
     for cell in cells:
         result = steps.cell(deployment, cell)
         outcome.cells[cell.cell_id] = result.status
@@ -114,6 +115,34 @@ def _measure(
             log.error("%s; relaunching", exc)
             return True
     return False
+
+
+def warm_launch(
+    run: SlotRun, deployment: Deployment, cells: list[CellPlan], log: logging.Logger | logging.LoggerAdapter
+) -> None:
+    """Before a launch's first cell, C unmeasured requests at each closed-loop concurrency C of its cells, on
+    the first cell's prompts: a fresh engine's first batches at a size are slower, and the first cell at that
+    load would pay for them in its measured window (its own warm-up runs before that window, at its load only).
+    A failure is logged, not raised: an engine that is gone fails the first cell, as it would have."""
+    loads = sorted({c.concurrency for c in cells if c.concurrency is not None})
+    if not run.spec.load.engine_warmup or not loads:
+        return
+    first = cells[0]
+    try:
+        warmed = warm_engine(
+            deployment,
+            loads,
+            run.corpora[first.corpus_file].stratum(first.workload),
+            run.spec.sampling_of(run.slot.variant),
+            timeout_s=run.spec.load.request_timeout_s,
+            time_cap_s=run.spec.load.time_cap_s,
+        )
+    except Exception as exc:  # the first cell finds out what is wrong, and records it
+        log.warning("%s: engine warm-up failed (%s: %s)", deployment.id, type(exc).__name__, exc)
+        return
+    complete = all(ok == n for _, n, ok in warmed.loads)
+    level = logging.INFO if complete else logging.WARNING  # a failed burst: the first cell will say why
+    log.log(level, "%s: engine warmed up on %s (%s)", deployment.id, first.workload, warmed.describe())
 
 
 def measure_cell(

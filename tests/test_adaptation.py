@@ -771,7 +771,7 @@ variants:
   - {name: eagle3-k3, method: eagle3, k: 3, eagle_head: models/tiny-eagle3, hot_swap: true}
 workloads:
   - {file: workloads/smoke.jsonl, strata: [chat, code]}
-load: {concurrencies: [1], requests: 2, warmup: 0, request_timeout_s: 120}
+load: {concurrencies: [1], requests: 2, warmup: 0, allow_short_cells: true, request_timeout_s: 120}
 sampling: {temperature: 0.0, seed: 0}  # as the session campaign's captures (the gate compares sampling)
 capture: {corpus: workloads/capture.jsonl, max_tokens: 24}
 launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}

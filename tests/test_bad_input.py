@@ -555,7 +555,7 @@ def test_prompts_longer_than_the_context_on_the_real_engine(engines, tmp_path: P
         repeat=0,
         corpus=work,
         sampling=Sampling(),
-        load=LoadSpec(concurrencies=(1,), requests=3, warmup=0, request_timeout_s=60),
+        load=LoadSpec(concurrencies=(1,), requests=3, warmup=0, allow_short_cells=True, request_timeout_s=60),
         slo=SLO(),
         cells_dir=tmp_path / "cells",
     )

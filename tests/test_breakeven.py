@@ -36,7 +36,7 @@ def spec(repeats: int):
                 },
             ],
             "workloads": [{"file": "workloads/smoke.jsonl", "strata": ["chat"]}],
-            "load": {"concurrencies": [1, 4], "requests": 16, "warmup": 2},
+            "load": {"concurrencies": [1, 4], "requests": 16, "warmup": 2, "allow_short_cells": True},
             "repeats": repeats,
             "capture": {"corpus": "workloads/capture.jsonl", "plain_controls": 1},
             "validity": {"aa_control": False},  # the synthetic runs only: no A/A arm

@@ -66,7 +66,13 @@ def test_template_options_reach_the_body_are_recorded_and_pair_within_their_sett
         "template-axis",
         emulator.url,
         workloads=[{"file": "workloads/multilingual.jsonl"}],
-        load={"concurrencies": [1], "requests": 2, "warmup": 0, "request_timeout_s": 30},
+        load={
+            "concurrencies": [1],
+            "requests": 2,
+            "warmup": 0,
+            "allow_short_cells": True,
+            "request_timeout_s": 30,
+        },
         sampling=[
             {"name": "think", "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": True}},
             {"name": "nothink", "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False}},

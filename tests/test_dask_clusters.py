@@ -144,7 +144,14 @@ def test_an_ssh_cluster_through_the_real_sshd_runs_a_cell(services: None, emulat
         "known_hosts": str(SSHD_DIR / "known_hosts"),
         "start_timeout_s": 90,
     }
-    load = LoadSpec(concurrencies=(4,), requests=12, warmup=4, gauge_interval_s=0.5, cluster=cluster)
+    load = LoadSpec(
+        concurrencies=(4,),
+        requests=12,
+        warmup=4,
+        allow_short_cells=True,
+        gauge_interval_s=0.5,
+        cluster=cluster,
+    )
     outcome = cluster_cell(emulator, tmp_path, load)
     facts = check_cell(outcome, 16, 2, "ssh")
     assert len(facts["hosts"][0]["workers"]) == 2
@@ -190,7 +197,14 @@ def test_a_slurm_dask_worker_drives_the_embedded_engine(
         "walltime": "00:15:00",
         "start_timeout_s": 120,
     }
-    load = LoadSpec(concurrencies=(2,), requests=4, warmup=2, request_timeout_s=120, cluster=cluster)
+    load = LoadSpec(
+        concurrencies=(2,),
+        requests=4,
+        warmup=2,
+        allow_short_cells=True,
+        request_timeout_s=120,
+        cluster=cluster,
+    )
     try:
         outcome = run_cell(
             deployment,

@@ -22,7 +22,9 @@ def test_the_demo_plans_its_launches_cells_requests_and_captures() -> None:
     assert size.arm_launches == variants * repeats and size.profiled_launches == 1
     assert size.launches == size.arm_launches + size.control_launches + 1
     assert size.cells == variants * repeats * cells_each
-    assert size.requests == size.cells * spec.load.requests and size.warmup == size.cells * spec.load.warmup
+    each_load = size.cells // len(spec.load.concurrencies)  # as many cells at every load
+    assert size.requests == each_load * sum(spec.load.requests_at(c) for c in spec.load.concurrencies)
+    assert size.warmup == each_load * sum(spec.load.warmup_at(c) for c in spec.load.concurrencies)
     assert size.capture_prompts == size.captures * 36  # workloads/capture.jsonl
 
 

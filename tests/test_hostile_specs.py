@@ -127,7 +127,9 @@ def test_huge_counts_sizes_and_rates_are_refused_naming_line_and_field(tmp_path:
     assert ": variants[0].k: " in refusal(tmp_path / "k.yaml", demo_text(variants=big_k))
     refused.append("k = 1000")
     # Every field within its bound, the whole too large: refused before the plan is expanded.
-    many = demo_text(repeats=100, load={"concurrencies": list(range(1, 1001)), "requests": 8})
+    many = demo_text(
+        repeats=100, load={"concurrencies": list(range(1, 1001)), "requests": 8, "allow_short_cells": True}
+    )
     (tmp_path / "many.yaml").write_text(many)
     sized, took_many = run_cli(tmp_path / "home", "campaign", "plan", str(tmp_path / "many.yaml"))
     assert sized.returncode == 2 and "too large to plan" in sized.stderr, sized.stderr[-2000:]
@@ -167,8 +169,10 @@ def test_booleans_are_not_counts_and_duplicate_keys_are_refused(tmp_path: Path, 
     last = len(dup.splitlines())
     expected = f"{path}:{last}: repeats: given twice (lines {first} and {last}): YAML would silently keep"
     assert message == f"{expected} the last"
-    nested = demo_text().replace("  requests: 8\n", "  requests: 8\n  requests: 9\n")
-    assert ": load.requests: given twice" in refusal(path, nested)
+    nested = demo_text().replace(
+        "  requests_per_slot: 4\n", "  requests_per_slot: 4\n  requests_per_slot: 5\n"
+    )
+    assert ": load.requests_per_slot: given twice" in refusal(path, nested)
     # Whole numbers written as whole numbers stay what they were.
     assert load_spec(REPO / "experiments" / "demo.yaml").repeats == 2
     observe(

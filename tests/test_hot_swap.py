@@ -178,7 +178,9 @@ def test_a_cell_carries_the_head_serving_when_it_ran_and_fails_when_swapped_unde
         "repeat": 0,
         "corpus": corpus,
         "sampling": Sampling(temperature=0.0, max_tokens=8, seed=0),
-        "load": LoadSpec(concurrencies=(1,), requests=2, warmup=0, gauge_interval_s=0.2),
+        "load": LoadSpec(
+            concurrencies=(1,), requests=2, warmup=0, allow_short_cells=True, gauge_interval_s=0.2
+        ),
         "slo": SLO(),
         "cells_dir": tmp_path / "cells",
     }
@@ -242,7 +244,7 @@ def _cell(deployment: Deployment, tmp_path: Path, name: str) -> CellMeta:
         repeat=0,
         corpus=load_corpus(REPO_ROOT / "workloads" / "smoke.jsonl"),
         sampling=Sampling(temperature=0.0, max_tokens=16, seed=0),
-        load=LoadSpec(concurrencies=(1,), requests=2, warmup=0),
+        load=LoadSpec(concurrencies=(1,), requests=2, warmup=0, allow_short_cells=True),
         slo=SLO(),
         cells_dir=tmp_path / name,
     )

@@ -99,6 +99,24 @@ def test_each_variant_answers_a_streamed_chat_completion(engines, variant: str) 
     assert ("--speculative-config" in command) == (variant != "plain")
 
 
+def test_the_engine_runs_bound_apart_from_the_api_server_and_the_client(engines) -> None:
+    """The default launcher (cpu_binding pin, passive libgomp): every thread of the real engine core on the
+    last CPU, the API server's and this process's on the first, and the deployment says so."""
+    deployment = engines.get("plain")
+    runtime = deployment.extra["cpu_runtime"]
+    assert runtime["label"] == "openmp gnu, wait passive, bind pin, 4k pages"
+    assert runtime["env"] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    assert runtime["bound"]["engine_threads"] > 1
+    group = [psutil.Process(deployment.pid), *psutil.Process(deployment.pid).children(recursive=True)]
+    masks = {
+        p.name(): {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{p.pid}/task")}
+        for p in group
+    }
+    assert masks["VLLM::EngineCor"] == {tuple(runtime["engine_cpus"])}
+    assert masks[psutil.Process(deployment.pid).name()] == {tuple(runtime["frontend_cpus"])}
+    assert sorted(os.sched_getaffinity(0)) == runtime["frontend_cpus"]
+
+
 def test_startup_facts_parse_the_engine_log(engines) -> None:
     deployment = engines.get("plain")
     facts = startup_facts(deployment.log_path.read_text())

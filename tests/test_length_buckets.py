@@ -139,7 +139,13 @@ def test_per_bucket_acceptance_reaches_the_warehouse_and_the_report(
         "buckets-emulated",
         emulator.url,
         workloads=[{"file": "workloads/length-buckets.jsonl", "length_buckets": [128, 1024]}],
-        load={"concurrencies": [1], "requests": 4, "warmup": 0, "request_timeout_s": 30},
+        load={
+            "concurrencies": [1],
+            "requests": 4,
+            "warmup": 0,
+            "allow_short_cells": True,
+            "request_timeout_s": 30,
+        },
     )
     result = run_campaign(tmp_path / "buckets.yaml", data)
     rows = campaign_rows(
@@ -173,7 +179,7 @@ variants:
   - {name: plain, method: none}
   - {name: ngram-k3, method: ngram, k: 3, prompt_lookup_min: 1, prompt_lookup_max: 4}
 workloads: [{file: workloads/length-buckets.jsonl, length_buckets: [128, 1024]}]
-load: {concurrencies: [1], requests: 2, warmup: 0, request_timeout_s: 120}
+load: {concurrencies: [1], requests: 2, warmup: 0, allow_short_cells: true, request_timeout_s: 120}
 sampling: {temperature: 0.0, seed: 0}
 repeats: 1
 capture: {enabled: false}

@@ -287,7 +287,9 @@ def test_a_w2_cell_on_the_real_engine(engines, campaign_spec: Path, tmp_path: Pa
     deployment = engines.get("plain")
     spec = load_spec(campaign_spec)
     corpus = load_corpus(REPO / "workloads" / "smoke.jsonl")
-    load = LoadSpec(concurrencies=(2,), requests=4, warmup=2, workers=2, request_timeout_s=120)
+    load = LoadSpec(
+        concurrencies=(2,), requests=4, warmup=2, allow_short_cells=True, workers=2, request_timeout_s=120
+    )
     outcome = run_cell(
         deployment,
         CellPlan("plain.r0.code.c2", "code", "closed", 2, None, "smoke.jsonl"),

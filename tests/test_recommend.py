@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,29 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
     recommended = spec.variants[2]
     assert recommended.speculative_config() == rec.config
     assert spec.load.concurrencies == (1, 4, 16) and spec.profile is None and spec.capture.enabled
+    # a schedule that runs one depth at every measured load is that fixed config: launched once, not twice
+    flat = replace(
+        rec,
+        config={
+            "num_speculative_tokens": 2,
+            **(
+                {
+                    k: v
+                    for k, v in rec.config.items()
+                    if k not in ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
+                }
+            ),
+        },
+    )
+    assert [v.name for v in parse_spec(verification_spec(data.spec, flat, 2)).variants] == [
+        "plain",
+        "recommended",
+    ]
+    assert [v.name for v in parse_spec(verification_spec(data.spec, flat, 4)).variants] == [
+        "plain",
+        "fixed-k4",
+        "recommended",
+    ]
 
     # The verification campaign, planted: the schedule runs k=4 at C=1, k=2 at C=4, off at C=16.
     scheduled = {1: SURFACE[1][4], 4: SURFACE[4][2], 16: 0.99}
@@ -267,7 +291,13 @@ def test_the_printed_config_launches_and_runs_its_schedule_on_the_engine(
             repeat=0,
             corpus=corpus,
             sampling=Sampling(max_tokens=32, ignore_eos=True),
-            load=LoadSpec(concurrencies=(concurrency,), requests=requests, warmup=0, request_timeout_s=300),
+            load=LoadSpec(
+                concurrencies=(concurrency,),
+                requests=requests,
+                warmup=0,
+                allow_short_cells=True,
+                request_timeout_s=300,
+            ),
             slo=SLO(),
             cells_dir=tmp_path / "cells",
         )

@@ -9,7 +9,7 @@ import pytest
 from analysis_fixtures import PlantedBuilder, profile
 from warehouse_fixtures import make_spec
 
-from analysis.regression import compare_campaigns, current_reference
+from analysis.regression import NOT_JUDGED, compare_campaigns, current_reference, markdown
 from warehouse.db import reader
 
 PLAIN_TPOT = 0.020
@@ -20,12 +20,18 @@ VARIANTS = [
 ]
 
 
-def build(root: Path, label: str, tpot_speedup: float, acceptance: float) -> str:
+def build(
+    root: Path, label: str, tpot_speedup: float, acceptance: float, acceptance_spread: float = 0.01
+) -> str:
+    """`acceptance_spread`: its per-repeat variation (0: equal in every repeat, a zero-width interval)."""
+
     def plant(variant: str, repeat: int, workload: str, load: str):
         tpot = PLAIN_TPOT * DRIFT[repeat]
         if variant == "plain":
             return profile(tpot, None)
-        return profile(tpot / tpot_speedup * (1 + 0.01 * repeat), acceptance)
+        return profile(
+            tpot / tpot_speedup * (1 + 0.01 * repeat), acceptance * (1 + acceptance_spread * repeat)
+        )
 
     spec = make_spec("nightly", repeats=3, concurrencies=(4,), requests=12, variants=VARIANTS)
     builder = PlantedBuilder(root / "raw", spec=spec, label=label, plant=plant)
@@ -96,3 +102,17 @@ def test_the_flow_fails_emits_an_event_and_says_what_moved(
 
     again = build(home, "again", tpot_speedup=1.6, acceptance=0.55)
     assert regression_flow.regression_check(again, "nightly", return_state=True).is_completed()
+
+
+def test_a_zero_width_interval_is_not_enough_repeats_to_judge(home: Path) -> None:
+    """Acceptance planted equal in every repeat: a zero-width interval, far below the reference as a point,
+    is never a regression (no alert), and the report says why."""
+    reference = build(home, "ref", tpot_speedup=1.6, acceptance=0.55, acceptance_spread=0.0)
+    flat = build(home, "flat", tpot_speedup=1.6, acceptance=0.30, acceptance_spread=0.0)
+    with reader(home / "warehouse.duckdb") as con:
+        changes = compare_campaigns(con, flat, reference, tolerance=0.10)
+    acceptance = next(c for c in changes if c.figure == "acceptance_rate")
+    assert acceptance.ratio < 0.6 and acceptance.low == acceptance.high  # a point far below the tolerance
+    assert acceptance.judged is False and acceptance.regressed is False
+    assert all(c.judged for c in changes if c.regressed)  # what regressed did so by an interval
+    assert NOT_JUDGED in markdown(flat, reference, changes, 0.10)

@@ -125,7 +125,9 @@ def test_bursts_of_5xx_retried_at_the_gate_recorded_in_cells_and_resumed(
             ("ok-3", "code", "def div(a, b):", 8),
         ],
     )
-    spec_data = emulator_spec("rel-5xx", work, load={"concurrencies": [1, 2], "requests": 6})
+    spec_data = emulator_spec(
+        "rel-5xx", work, load={"concurrencies": [1, 2], "requests": 6, "allow_short_cells": True}
+    )
     spec = write_spec(tmp_path / "5xx.yaml", spec_data)
     directory = campaign_dir(spec)
     standin_engine.write_text("--fail-first 3")  # the first three completions (the gate's) answer 503

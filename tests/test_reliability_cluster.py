@@ -84,7 +84,12 @@ def wait_no_standin(standin: Path, timeout_s: float = 30) -> list[int]:
 
 def a_cell(tmp_path: Path, deployment, *, requests: int, on_record=None):
     load = LoadSpec(
-        concurrencies=(1,), requests=requests, warmup=1, request_timeout_s=10, gauge_interval_s=0.5
+        concurrencies=(1,),
+        requests=requests,
+        warmup=1,
+        allow_short_cells=True,
+        request_timeout_s=10,
+        gauge_interval_s=0.5,
     )
     return one_prompt_cell(
         tmp_path,

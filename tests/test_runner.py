@@ -199,7 +199,9 @@ def test_faulty_requests_inside_a_cell_are_recorded_not_lost(emulator):
 
 
 def test_plan_from_spec_and_validation():
-    load = LoadSpec(concurrencies=(1, 4), rates=(2.5,), requests=9, warmup=1, time_cap_s=60)
+    load = LoadSpec(
+        concurrencies=(1, 4), rates=(2.5,), requests=9, warmup=1, allow_short_cells=True, time_cap_s=60
+    )
     closed = LoadPlan.from_spec(load, concurrency=4, seed=3)
     assert (closed.mode, closed.concurrency, closed.requests, closed.warmup, closed.label) == (
         "closed",
@@ -242,3 +244,29 @@ def test_no_full_garbage_collection_during_a_cell(emulator):
     assert 2 not in generations, generations
     assert gc.get_threshold() == before
     kept.clear()
+
+
+def test_a_time_window_cell_measures_steady_state_for_its_seconds(emulator):
+    """window_s: the closed loop keeps C in flight until the window ends, then lets the requests in flight
+    finish; nothing unsent is recorded (the count was a cap, not a plan)."""
+    emulator.configure(ttft_ms=10, step_ms=5)  # 8 tokens: about 50 ms a request
+    plan = LoadPlan("closed", concurrency=3, requests=10_000, warmup=3, window_s=0.6)
+    result = run(emulator.url, plan)
+    measured = [r for r in result.records if r.phase == "measured"]
+    assert not result.capped and all(r.ok for r in measured)
+    assert 15 <= len(measured) < 200  # about 3 x 0.6 / 0.05 = 36, far below the cap
+    last_send = max(r.sent_s for r in measured)
+    assert last_send - result.measured_start_s <= 0.6 + 0.05  # nothing sent after the window
+    assert emulator.stats()["max_active"] == 3 and max_overlap(measured) == 3
+    assert len(result.records) == 3 + len(measured)  # no cancelled placeholders for the cap
+
+
+def test_a_time_window_is_closed_loop_only_and_one_process():
+    with pytest.raises(ValueError, match="closed-loop"):
+        LoadPlan("open", rate=1.0, window_s=5)
+    with pytest.raises(ValueError, match="one load process"):
+        LoadSpec(concurrencies=(4,), window_s=30, workers=2)
+    load = LoadSpec(concurrencies=(4,), rates=(2.0,), window_s=30)
+    assert LoadPlan.from_spec(load, concurrency=4).window_s == 30
+    assert LoadPlan.from_spec(load, rate=2.0).window_s is None
+    assert load.requests_at(4) == 100_000 and load.requests_at(None) == 32

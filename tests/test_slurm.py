@@ -189,7 +189,9 @@ def test_engine_runs_as_a_slurm_job_gated_and_measured_through_the_tunnel(
             repeat=0,
             corpus=load_corpus(REPO / "workloads" / "smoke.jsonl"),
             sampling=Sampling(max_tokens=16),
-            load=LoadSpec(concurrencies=(1,), requests=2, warmup=0, request_timeout_s=120),
+            load=LoadSpec(
+                concurrencies=(1,), requests=2, warmup=0, allow_short_cells=True, request_timeout_s=120
+            ),
             slo=SLO(),
             cells_dir=tmp_path / "cells",
         )

@@ -210,9 +210,92 @@ def test_request_counts_scale_with_load_unless_the_spec_fixes_them() -> None:
     scaled = LoadSpec(concurrencies=(1, 4, 16), rates=(2.0,))
     assert [scaled.requests_at(c) for c in (1, 4, 16, None)] == [32, 32, 64, 32]
     assert [scaled.warmup_at(c) for c in (1, 4, 16, None)] == [1, 4, 16, 2]
-    fixed = LoadSpec(concurrencies=(1, 16), requests=8, warmup=0)
+    fixed = LoadSpec(concurrencies=(1, 16), requests=8, warmup=0, allow_short_cells=True)
     assert [fixed.requests_at(c) for c in (1, 16, None)] == [8, 8, 8]
     assert [fixed.warmup_at(c) for c in (1, 16, None)] == [0, 0, 0]
+
+
+def test_requests_per_slot_measures_that_many_per_slot_at_every_closed_load() -> None:
+    from experiments.spec import LoadSpec
+
+    per_slot = LoadSpec(concurrencies=(1, 4, 16), rates=(2.0,), requests_per_slot=4)
+    assert [per_slot.requests_at(c) for c in (1, 4, 16, None)] == [4, 16, 64, 32]  # open loop: its default
+    assert [per_slot.warmup_at(c) for c in (1, 4, 16, None)] == [1, 4, 16, 2]
+    floored = LoadSpec(concurrencies=(1, 4, 16), requests_per_slot=4, min_requests=12)
+    assert [floored.requests_at(c) for c in (1, 4, 16)] == [12, 16, 64]  # every prompt of 12 at C=1
+
+
+def test_min_requests_is_a_floor_under_requests_per_slot_only(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"load.min_requests is a floor under load.requests_per_slot"):
+        load_spec(short_load_file(tmp_path, requests=64, min_requests=12))
+
+
+def short_load_file(tmp_path: Path, **load: object) -> Path:
+    data = demo()
+    data["load"] = {"concurrencies": [1, 4, 16], "request_timeout_s": 120, **load}
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip().startswith(text))
+
+
+def test_a_closed_loop_cell_shorter_than_its_load_is_refused_naming_file_line_field_and_minimum(
+    tmp_path: Path,
+) -> None:
+    path = short_load_file(tmp_path, requests=12, warmup=1)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    requests, warmup = str(info.value).splitlines()
+    assert requests == (
+        f"{path}:{line_of(path, 'requests:')}: load.requests: 12 measures fewer than 4 x C = 64 requests at "
+        "C=16 (a closed-loop cell turns every slot over several times); set it to at least 64, use "
+        "load.requests_per_slot, or say load.allow_short_cells: true"
+    )
+    assert warmup.startswith(f"{path}:{line_of(path, 'warmup:')}: load.warmup: 1 warms up fewer than C = 16")
+    assert "set it to at least 16" in warmup
+    # the largest load it falls short of is named: 16 requests are enough at C=4, not at 16
+    with pytest.raises(
+        SpecError, match=r"load.requests: 16 measures fewer than 4 x C = 64 requests at C=16 "
+    ):
+        load_spec(short_load_file(tmp_path, requests=16))
+    # enough at every load, said to be short on purpose, or open loop only: each loads
+    assert load_spec(short_load_file(tmp_path, requests=64, warmup=16)).load.requests_at(1) == 64
+    assert (
+        load_spec(short_load_file(tmp_path, requests=12, warmup=1, allow_short_cells=True)).load.requests
+        == 12
+    )
+    open_only = short_load_file(tmp_path, concurrencies=[], rates=[1.0], requests=3, warmup=0)
+    assert load_spec(open_only).load.requests_at(None) == 3
+
+
+def test_requests_per_slot_is_at_least_four_and_never_beside_requests(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"load.requests_per_slot: 2 x C measures fewer than 4 x C"):
+        load_spec(short_load_file(tmp_path, requests_per_slot=2))
+    assert (
+        load_spec(short_load_file(tmp_path, requests_per_slot=2, allow_short_cells=True)).load.requests_at(16)
+        == 32
+    )
+    with pytest.raises(
+        SpecError, match=r"load.requests: give load.requests .* or load.requests_per_slot, not both"
+    ):
+        load_spec(short_load_file(tmp_path, requests=64, requests_per_slot=4))
+    with pytest.raises(SpecError, match=r"load.requests_per_slot: 100000 x C = 1,600,000 requests at C=16"):
+        load_spec(short_load_file(tmp_path, requests_per_slot=100_000))
+
+
+def test_allowing_short_cells_keeps_the_campaign_id_what_is_measured_changes_it() -> None:
+    from experiments.plan import campaign_id_for
+
+    data = demo()
+    plain = campaign_id_for(parse_spec(data))
+    assert campaign_id_for(parse_spec({**data, "load": {**data["load"], "allow_short_cells": True}})) == plain
+    assert campaign_id_for(parse_spec({**data, "load": {**data["load"], "engine_warmup": True}})) == plain
+    unwarmed = campaign_id_for(parse_spec({**data, "load": {**data["load"], "engine_warmup": False}}))
+    slots8 = campaign_id_for(parse_spec({**data, "load": {**data["load"], "requests_per_slot": 8}}))
+    assert len({plain, unwarmed, slots8}) == 3
 
 
 def test_each_cell_runs_and_records_its_own_request_count() -> None:

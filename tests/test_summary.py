@@ -133,6 +133,23 @@ def test_requests_wall_and_throughput() -> None:
     assert summary["tokens_exact"] is True
 
 
+def test_achieved_concurrency_is_requests_in_flight_over_the_window() -> None:
+    # cell_frame: window 1.0-2.5 s; in flight 0.301 + 0.261 + 0.301 + 0.901 s (successes) + 1.1 + 0.15 s
+    # (failures held a slot too); the warm-up request before the window does not count.
+    assert summarize()["achieved_concurrency"] == pytest.approx(3.014 / 1.5)
+    overlapping = records_frame([record(i, 0.0, [0.5, 1.0], [1, 1]) for i in range(4)])
+    assert summarize(overlapping)["achieved_concurrency"] == pytest.approx(4.0)
+    # one wave of 12 requests (what a C=16 cell of 12 requests sends): they end one by one, so fewer than 12
+    # are in flight on average, far from 16
+    wave = records_frame([record(i, 0.0, [0.5, 1.0 + i / 11], [1, 1]) for i in range(12)])
+    assert summarize(wave)["achieved_concurrency"] == pytest.approx((12 * 1.001 + 6) / 2.001)
+    # each sent as the previous one ended: one in flight all along
+    sequential = records_frame([record(i, i * 1.001, [0.5, 1.0], [1, 1]) for i in range(5)])
+    assert summarize(sequential)["achieved_concurrency"] == pytest.approx(1.0)
+    warm_only = records_frame([record(0, 0.0, [0.1, 0.2], [1, 1], phase="warmup")])
+    assert summarize(warm_only)["achieved_concurrency"] is None
+
+
 def test_latency_over_successful_measured_requests() -> None:
     latency = summarize()["latency_s"]
     assert latency["ttft"] == {
@@ -315,6 +332,7 @@ def test_summary_has_the_design_structure_and_is_strict_json() -> None:
         "error",
         "requests",
         "wall_s",
+        "achieved_concurrency",
         "measured_window_s",
         "output_throughput_tok_s",
         "request_throughput_rps",

@@ -128,7 +128,9 @@ def test_measured_acceptance_is_the_configured_one_on_the_engine(engine_lock: No
             repeat=0,
             corpus=load_corpus(REPO / "workloads" / "smoke.jsonl"),
             sampling=Sampling(max_tokens=128, ignore_eos=True),
-            load=LoadSpec(concurrencies=(4,), requests=12, warmup=1, request_timeout_s=300),
+            load=LoadSpec(
+                concurrencies=(4,), requests=12, warmup=1, allow_short_cells=True, request_timeout_s=300
+            ),
             slo=SLO(),
             cells_dir=tmp_path / "cells",
         )

@@ -317,3 +317,85 @@ def test_contended_cells_make_the_campaign_inconclusive_or_invalid(aa_data: Camp
     assert (
         verdict_of(validity) == "invalid" and "did not have the machine to itself" in validity["reasons"][0]
     )
+
+
+def test_underfilled_cells_make_the_campaign_inconclusive_or_invalid(aa_data: CampaignData) -> None:
+    from analysis.validity import verdict_of
+
+    data = aa_data
+    data.campaign["spec"] = {**data.spec, "validity": {"max_aa_gap": 0.05}}
+    cells = data.host_load["cell_id"].to_list()
+    assert len(cells) >= 8 and set(data.host_load["load_mode"]) == {"closed"}
+    # planted as C=16 cells; the first reached 11.2 in flight (70%), the rest 15.5 (97%)
+    filled = data.host_load.with_columns(
+        pl.lit(16).alias("concurrency"),
+        pl.when(pl.col("cell_id") == cells[0]).then(11.2).otherwise(15.5).alias("achieved_concurrency"),
+    )
+    data.host_load = filled.with_columns(pl.lit(15.5).alias("achieved_concurrency"))
+    assert verdict_of(compute(data).validity) == "valid"  # 97% of C: reached
+    data.host_load = filled
+    validity = compute(data).validity
+    assert verdict_of(validity) == "inconclusive"
+    reason = validity["reasons"][0]
+    assert reason.startswith(f"inconclusive: 1 of {len(cells)} closed-loop cells reached less than 90%"), (
+        reason
+    )
+    assert f"cell {cells[0]} reached 11.2 of its C=16 in flight (70%)" in reason
+    # an open-loop cell has no C to reach, and a cell measured before the figure existed is skipped
+    data.host_load = filled.with_columns(
+        pl.when(pl.col("cell_id") == cells[0]).then(pl.lit("open")).otherwise("load_mode").alias("load_mode"),
+        pl.when(pl.col("cell_id") == cells[0]).then(None).otherwise("concurrency").alias("concurrency"),
+        pl.when(pl.col("cell_id") == cells[1])
+        .then(None)
+        .otherwise("achieved_concurrency")
+        .alias("achieved_concurrency"),
+    )
+    assert verdict_of(compute(data).validity) == "valid"
+    # under-filled in a quarter of the cells that have the figure (the others predate it): invalid
+    quarter = len(cells) // 4
+    data.host_load = filled.with_columns(
+        pl.when(pl.col("cell_id").is_in(cells[:quarter]))
+        .then(11.2)
+        .when(pl.col("cell_id").is_in(cells[quarter : 4 * quarter]))
+        .then(15.5)
+        .otherwise(None)
+        .alias("achieved_concurrency")
+    )
+    validity = compute(data).validity
+    assert verdict_of(validity) == "invalid"
+    assert validity["reasons"][0].startswith(f"invalid: {quarter} of {4 * quarter} closed-loop cells")
+
+
+def test_cells_with_steal_make_the_campaign_inconclusive_or_invalid(aa_data: CampaignData) -> None:
+    from analysis.validity import verdict_of
+
+    data = aa_data
+    data.campaign["spec"] = {**data.spec, "validity": {"max_aa_gap": 0.05}}
+    cells = data.host_load["cell_id"].to_list()
+    quiet = data.host_load.with_columns(pl.lit(0.01).alias("host_steal_share"))
+    data.host_load = quiet
+    assert verdict_of(compute(data).validity) == "valid"
+    data.host_load = quiet.with_columns(
+        pl.when(pl.col("cell_id") == cells[-1])
+        .then(0.072)
+        .otherwise("host_steal_share")
+        .alias("host_steal_share")
+    )
+    validity = compute(data).validity
+    assert verdict_of(validity) == "inconclusive"
+    reason = validity["reasons"][0]
+    assert reason.startswith("inconclusive: the hypervisor stole more than 5% of the host's CPU"), reason
+    assert f"during 1 of {len(cells)} cells (up to 7.2%: {cells[-1]})" in reason
+    # steal-heavy in a quarter of the cells that have the figure (the others predate it): invalid
+    quarter = len(cells) // 4
+    data.host_load = quiet.with_columns(
+        pl.when(pl.col("cell_id").is_in(cells[:quarter]))
+        .then(0.06)
+        .when(pl.col("cell_id").is_in(cells[quarter : 4 * quarter]))
+        .then(0.01)
+        .otherwise(None)
+        .alias("host_steal_share")
+    )
+    validity = compute(data).validity
+    assert verdict_of(validity) == "invalid"
+    assert f"during {quarter} of {4 * quarter} cells (up to 6.0%" in validity["reasons"][0]

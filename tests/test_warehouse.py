@@ -550,6 +550,34 @@ def test_v_capacity_reports_a_missed_slo(raw: RawBuilder, tmp_path: Path) -> Non
     ) == [(False, 0.25)]
 
 
+def test_achieved_concurrency_and_steal_reach_v_cells_and_older_cells_read_null(
+    raw: RawBuilder, tmp_path: Path
+) -> None:
+    slot = raw.slot("plain", 1)
+
+    def measured_load(summary: dict) -> None:
+        summary["achieved_concurrency"] = 3.25
+        summary["host"] = {
+            "cpus": 2,
+            "busy_share": 0.9,
+            "ours_share": 0.8,
+            "other_share": 0.02,
+            "steal_share": 0.08,
+        }
+
+    cell_dir = raw.write_cell(slot, slot.cells[0], mutate_summary=measured_load)
+    db = tmp_path / "w.duckdb"
+    assert ingest_raw(raw.raw_dir, db).ok
+    got = rows(
+        db,
+        "SELECT cell_id, achieved_concurrency, host_other_share, host_steal_share FROM v_cells "
+        "WHERE achieved_concurrency IS NOT NULL OR host_steal_share IS NOT NULL",
+    )
+    assert got == [(cell_dir.name.rsplit(".a", 1)[0], 3.25, 0.02, 0.08)]
+    # the template's summaries predate the fields: their cells read null, not zero
+    assert rows(db, "SELECT count(*) FROM v_cells WHERE achieved_concurrency IS NULL") == [(11,)]
+
+
 # -------------------------------------------------------------------------------------------- engine keys
 
 

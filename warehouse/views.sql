@@ -20,6 +20,8 @@ SELECT
     c.started_utc, c.ended_utc, c.capped,
     c.requests_total, c.requests_ok, c.requests_failed, c.success_rate,
     c.wall_s, c.output_throughput_tok_s, c.request_throughput_rps, c.completion_tokens, c.prompt_tokens,
+    -- the load it reached: measured requests in flight, time-weighted over wall_s (NULL: measured before 0023)
+    c.achieved_concurrency,
     c.ttft_mean_s, c.ttft_p50_s, c.ttft_p90_s, c.ttft_p95_s, c.ttft_p99_s,
     c.tpot_mean_s, c.tpot_p50_s, c.tpot_p90_s, c.tpot_p95_s, c.tpot_p99_s,
     c.e2e_mean_s, c.e2e_p50_s, c.e2e_p90_s, c.e2e_p95_s, c.e2e_p99_s,
@@ -32,7 +34,7 @@ SELECT
     c.gauge_kv_cache_usage_max, c.gauge_kv_cache_usage_mean, c.gauge_running_max, c.gauge_waiting_max,
     c.gauge_preemptions,
     c.check_tokens_per_chunk_ok, c.check_completion_tokens_ok, c.server_valid, c.server_problem,
-    c.host_cpus, c.host_busy_share, c.host_ours_share, c.host_other_share,
+    c.host_cpus, c.host_busy_share, c.host_ours_share, c.host_other_share, c.host_steal_share,
     coalesce(json_extract(c.variant_config, '$.aa_control')::BOOLEAN, false) AS aa_control,
     -- the deployment's effective engine configuration beyond speculation (tasks/metrics/engine_config.py)
     json_extract_string(d.extra, '$.effective_key') AS effective_key,
@@ -313,26 +315,34 @@ LEFT JOIN adaptation_comparisons tpot
 -- One row per decision and measured load (flows/decide.py, artifacts/decisions.py): the per-batch-size
 -- schedule recommended from a sweep (source_campaign_id), what it claims at each load (k; 0: speculation off
 -- there), what the verification launch measured (its throughput over plain and over the best fixed depth
--- fixed_k, with intervals over repeats), the load's verdict (`load_outcome`, `reason`) beside the decision's
--- (`outcome`), and the person's answer if there is one (the latest promotion: `approved`, `approver`,
--- `promoted_utc`; null: not answered yet). A decision with no load has one row with a null concurrency.
+-- fixed_k, with intervals over repeats), the load's verdict (`load_outcome`, `reason`: confirmed, "faster, below
+-- the minimum effect", refuted, inconclusive) beside the decision's (`outcome`) and the verification campaign's
+-- validity (`validity`, `validity_reasons`), and the person's answer if there is one (the latest promotion:
+-- `approved`, `approver`, `promoted_utc`, `override`; null: not answered yet). Only the latest revision of a
+-- decision (a recomputed decision is a new revision, migration 0024). A decision with no load has one row with
+-- a null concurrency.
 CREATE OR REPLACE VIEW v_decision AS
 WITH promoted AS (
     SELECT * FROM promotions
     QUALIFY row_number() OVER (
         PARTITION BY campaign_id, decision_id ORDER BY decided_utc DESC, promotion_key DESC
     ) = 1
+), latest AS (
+    SELECT * FROM decisions
+    QUALIFY row_number() OVER (PARTITION BY campaign_id, decision_id ORDER BY revision DESC) = 1
 )
 SELECT
-    d.campaign_id, d.decision_id, d.source_campaign_id, d.workload, d.family, d.method, d.outcome,
+    d.campaign_id, d.decision_id, d.revision, d.source_campaign_id, d.workload, d.family, d.method, d.outcome,
+    d.validity, d.validity_reasons,
     l.concurrency, l.batch_from, l.batch_to, l.k, l.claim, l.outcome AS load_outcome, l.reason,
     l.sweep_speedup, l.sweep_interval,
     l.over_plain, l.over_plain_low, l.over_plain_high, l.over_plain_interval, l.n_repeats,
     l.over_fixed, l.over_fixed_low, l.over_fixed_high,
     d.fixed_k, d.tolerance, d.confidence, d.schedule, d.speculative_config, d.verification_spec,
     d.summary, d.caveats, d.created_utc,
-    p.approved, p.approver, p.decided_utc AS promoted_utc
-FROM decisions d
+    p.approved, p.approver, p.decided_utc AS promoted_utc, p.override,
+    d.choice, d.choice_reason, d.traffic, d.options
+FROM latest d
 LEFT JOIN decision_loads l ON l.decision_key = d.decision_key
 LEFT JOIN promoted p ON p.campaign_id = d.campaign_id AND p.decision_id = d.decision_id
 ORDER BY d.campaign_id, d.created_utc, d.decision_id, l.concurrency;

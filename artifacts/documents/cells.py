@@ -215,12 +215,15 @@ class GaugeSummary(Document):
 
 class HostLoad(Document):
     """Shares of the host's CPU capacity while the cell measured (tasks.metrics.host_load): busy = ours (the
-    process tree that ran the cell: client, load workers, a local engine) + other (every other process)."""
+    process tree that ran the cell: client, load workers, a local engine) + other (every other process) +
+    steal (time the hypervisor ran other tenants of a virtual machine's host while this one wanted the CPU;
+    null: recorded before steal was kept apart, when it was counted in `other`)."""
 
     cpus: Annotated[Whole | None, Column(ge=1)] = None
     busy_share: Annotated[Number | None, Column(ge=0, le=1)] = None
     ours_share: Annotated[Number | None, Column(ge=0, le=1)] = None
     other_share: Annotated[Number | None, Column(ge=0, le=1)] = None
+    steal_share: Annotated[Number | None, Column(ge=0, le=1)] = None
 
 
 class CellSummary(Document):
@@ -236,6 +239,11 @@ class CellSummary(Document):
     requests: Annotated[RequestCounts | None, Columns("requests_")] = None
     # First measured send to last measured end (`ended_s`, else `last_token_s`), failures included.
     wall_s: Annotated[Number | None, _Seconds] = None
+    # The time-weighted mean number of measured requests in flight (sent, not yet ended; failures included)
+    # over the wall_s window: the load the engine actually got. A closed-loop cell at C reaches C only while
+    # every worker has a request out; fewer requests than C, or a ramp and a tail, keep it below (validity
+    # reads achieved / C: analysis/validity.py). Null without a window.
+    achieved_concurrency: Annotated[Number | None, Column(ge=0)] = None
     measured_window_s: list[Number] | None = None  # (before, after) scrape times on the records' clock
     # Successful completion tokens / wall_s; successful requests / wall_s.
     output_throughput_tok_s: Annotated[Number | None, Column(ge=0)] = None

@@ -1,7 +1,8 @@
 """The decision loop's documents (flows/decide.py): what was recommended from a sweep, what the launch of that
-schedule measured at each load, the verdict, and a person's sign-off. Written once each (artifacts.store):
+schedule measured at each load, the verdict, and a person's sign-off. Written once each (artifacts.store); a
+decision recomputed with other figures (a resumed verification) is its next revision, a file of its own:
 
-    RAW/<verification campaign>/decisions/<decision_id>.json      DecisionDocument (analysis.verification)
+    RAW/<verification campaign>/decisions/<decision_id>[.rev<n>].json   DecisionDocument (analysis.verification)
     RAW/<verification campaign>/promotions/<decision_id>.json     PromotionDocument (tasks.promote)
 
 The warehouse reads them into `decisions`, `decision_loads` and `promotions` (warehouse/kinds/decisions.py,
@@ -19,8 +20,14 @@ from artifacts import layout
 from artifacts.documents.base import Configuration, Document, Flag, Number, Text, Time, Whole
 from artifacts.documents.blocks import ToolFacts
 
-Outcome = Literal["confirmed", "refuted", "inconclusive"]
-OUTCOMES: tuple[str, ...] = ("confirmed", "refuted", "inconclusive")
+# The verdict words, per load and for the decision (docs/decision.md): the same in the CLI, report, v_decision.
+CONFIRMED = "confirmed"  # the interval clears 1 + min_effect (an off range: it lies above 1 - tolerance)
+BELOW_MIN_EFFECT = "faster, below the minimum effect"  # the interval clears 1 only
+REFUTED = "refuted"  # the interval lies below 1 (an off range: below 1 - tolerance)
+INCONCLUSIVE = "inconclusive"  # anything else, and always without an interval or with a zero-width one
+Outcome = Literal["confirmed", "faster, below the minimum effect", "refuted", "inconclusive"]
+OUTCOMES: tuple[str, ...] = (CONFIRMED, BELOW_MIN_EFFECT, REFUTED, INCONCLUSIVE)
+VALIDITY: tuple[str, ...] = ("valid", "invalid", "inconclusive")  # analysis.validity's verdicts
 
 
 class DecisionLoad(Document):
@@ -45,14 +52,54 @@ class DecisionLoad(Document):
     over_fixed: Number | None = None  # the schedule over the best fixed depth, paired per repeat
     over_fixed_low: Number | None = None
     over_fixed_high: Number | None = None
-    outcome: Text  # confirmed | refuted | inconclusive
+    outcome: Text  # one of OUTCOMES
     reason: Text
+
+
+PLAIN_OPTION = "plain"  # the deployment option that runs no speculation: "deploy plain" (analysis.options)
+OPTION_KINDS: tuple[str, ...] = ("plain", "fixed", "schedule")
+
+
+class OptionLoad(Document):
+    """One load of a deployment option: the share of the traffic there and the option's throughput over plain."""
+
+    concurrency: Whole
+    share: Number  # of the time the service spends at this load (the traffic profile, binned; the shares sum to 1)
+    k: Whole  # the depth the option runs here; 0: speculation off (plain: 0)
+    over_plain: Number | None = None  # throughput over plain (per-repeat geometric mean); None: unknown
+    over_plain_low: Number | None = None  # its interval (None: none drawn)
+    over_plain_high: Number | None = None
+    n_repeats: Whole = 0
+    source: Text  # where the figure comes from: "baseline", "verification <variant>", "sweep <variant>", ...
+    refuted: Flag = False  # it carries traffic and its interval lies wholly below 1 - tolerance
+
+
+class DeploymentOption(Document):
+    """One way to deploy for every load at once (analysis.options): plain, a fixed config of the sweep, or the
+    recommended schedule with its off ranges at their measured cost, scored over the traffic profile."""
+
+    name: Text  # PLAIN_OPTION, "schedule" (the recommended one) or the spec variant's name
+    kind: Text  # one of OPTION_KINDS
+    description: Text
+    speculative_config: dict[str, Any] | None = None  # what to deploy (None: plain)
+    loads: list[OptionLoad]
+    gain: Number | None = None  # traffic-weighted geometric mean of over_plain; None: unknown
+    gain_low: Number | None = None  # its interval (None: none drawn)
+    gain_high: Number | None = None
+    gain_interval: Text = ""  # how the interval was drawn, or why there is none
+    worst_concurrency: Whole | None = None  # the load with traffic where over_plain is lowest
+    worst: Number | None = None
+    worst_low: Number | None = None
+    worst_high: Number | None = None
+    eligible: Flag = False  # may be chosen: its gain clears 1 + min_effect by its interval, no load refuted
+    reason: Text = ""  # why (not)
 
 
 class DecisionDocument(Configuration):  # a target and variant: redacted when written
     """decisions/<decision_id>.json: one recommendation and its verification (analysis.verification.write_decision)."""
 
     decision_id: Text
+    revision: Whole = 1  # recomputed with other figures: a new file (ids.decision_revision_name)
     campaign_id: Text  # the verification campaign (the file lives under it)
     source_campaign_id: Text  # the sweep the recommendation came from
     workload: Text
@@ -67,13 +114,37 @@ class DecisionDocument(Configuration):  # a target and variant: redacted when wr
     tolerance: Number  # an off range is "no worse than plain" while the schedule keeps above 1 - tolerance
     confidence: Number
     loads: list[DecisionLoad]
-    outcome: Text  # confirmed (every load) | refuted (any load) | inconclusive
+    outcome: Text  # from the loads' verdicts (analysis.recommend.overall, docs/decision.md)
+    launches: Whole | None = None  # launches per arm the verification took (its repeat blocks); None: none
+    max_launches: Whole | None = None  # the most it could take (decision.max_launches); None: a fixed count
+    validity: Text | None = None  # the verification campaign's verdict (analysis.validity); None: not judged
+    validity_reasons: Text = ""
     gate_passed: Flag | None = None  # the schedule's own greedy-correctness gate in the verification campaign
     gate_claim: Text | None = None
     summary: Text
     caveats: list[Text] = Field(default_factory=list)
+    # Whole deployment options weighed by traffic (docs/decision.md "Deployment options and traffic"); empty
+    # in decisions written before them
+    traffic: Text = ""  # where the loads' shares came from: "equal over the measured loads" or the file
+    options: list[DeploymentOption] = Field(default_factory=list)
+    choice: Text = ""  # the option to deploy (an options[].name; PLAIN_OPTION: deploy plain)
+    choice_reason: Text = ""
     created_utc: Time | None = None
     tool: ToolFacts | None = None
+
+    def refusal(self) -> str | None:
+        """Why this decision may not be promoted (None: it may): only a confirmed decision of a valid
+        verification campaign is, since anything less was not shown to pay at every load."""
+        reasons = []
+        if self.validity != "valid":
+            shown = f" ({self.validity_reasons})" if self.validity_reasons else ""
+            reasons.append(f"the verification campaign is {self.validity or 'not judged'}{shown}")
+        if self.outcome != CONFIRMED:
+            loads = [
+                f"C={load.concurrency} {load.outcome}" for load in self.loads if load.outcome != CONFIRMED
+            ]
+            reasons.append(f"the decision is {self.outcome}" + (f" ({', '.join(loads)})" if loads else ""))
+        return "; ".join(reasons) or None
 
 
 class PromotionDocument(Configuration):  # engine arguments: redacted when written
@@ -86,6 +157,8 @@ class PromotionDocument(Configuration):  # engine arguments: redacted when writt
     approver: Text
     note: Text = ""
     via: Text  # "prefect-ui" (a paused flow run resumed with input) or "cli"
+    decision_revision: Whole = 1  # the revision of the decision that was answered
+    override: Text = ""  # approved although the decision was not promotable: the approver's reason
     speculative_config: dict[str, Any] | None = None
     vllm_args: list[Text] = Field(default_factory=list)
     files: list[Text] = Field(
@@ -96,11 +169,17 @@ class PromotionDocument(Configuration):  # engine arguments: redacted when writt
 
 
 def read_decision(raw_dir: Path, decision_id: str) -> tuple[Path, DecisionDocument]:
-    """A decision by id, from any campaign's folder under `raw_dir` (InputError when there is none)."""
+    """A decision by id, its latest revision, from any campaign's folder under `raw_dir` (InputError when there
+    is none)."""
     from artifacts.store import read_document
     from specgauge.errors import InputError
 
-    found = sorted(Path(raw_dir).glob(f"*/{layout.DECISIONS}/{decision_id}.json"))
+    found = sorted(
+        (revision, str(path), path)
+        for directory in sorted(Path(raw_dir).glob("*/"))
+        for revision, path in layout.decision_revisions(directory, decision_id)
+    )
     if not found:
         raise InputError(f"no decision {decision_id!r} under {raw_dir}")
-    return found[-1], read_document(found[-1], DecisionDocument)
+    path = found[-1][2]
+    return path, read_document(path, DecisionDocument)

@@ -108,6 +108,9 @@ class EffectiveEngineConfig(Document):
     data_parallel_size: Whole | None = None
     speculative_method: Text | None = None
     speculative_tokens: Whole | None = None
+    # how the launcher ran the engine's CPU threads (tasks/launch/cpu_runtime.py runtime_label: OpenMP runtime,
+    # wait policy, binding, pages), stated by the local launcher: one launched otherwise is not alike
+    cpu_runtime: Text | None = None
     sources: list[Text] = []  # noqa: RUF012 (a pydantic field)
 
     # what speculation itself changes: never a confound

@@ -24,6 +24,14 @@ from tasks.launch import ledger
 from tasks.launch.base import Deployment, apply_startup_facts, startup_facts, tail
 from tasks.launch.command import ENGINE_MODULE, engine_api_key, hot_swap_env, served_name, vllm_args
 from tasks.launch.config import LauncherConfig, SavedSettings
+from tasks.launch.cpu_runtime import (
+    bind_after_ready,
+    huge_page_kib,
+    needs_multiprocess_executor,
+    release_client,
+    runtime_env,
+    runtime_record,
+)
 from tasks.launch.engine_side import ENGINE_SIDE_DIR
 from tasks.launch.overlay import LOCAL_OVERLAY_SITE, engine_overlay
 from tasks.launch.provenance import local_provenance, model_argument
@@ -141,7 +149,8 @@ class LocalLauncher:
             resolve=resolve_local,
         )
         single = target.tensor_parallel_size == 1 and target.data_parallel_size == 1
-        if self.spec.uniprocess_executor and single and "--distributed-executor-backend" not in args:
+        uniprocess = self.spec.uniprocess_executor and not needs_multiprocess_executor(self.spec)
+        if uniprocess and single and "--distributed-executor-backend" not in args:
             args += UNIPROCESS  # why: experiments/spec.py LocalLaunchSpec
         if self.compilation(target, variant) == "eager":
             args.append("--enforce-eager")  # why: experiments/spec.py LocalLaunchSpec.compilation
@@ -171,8 +180,12 @@ class LocalLauncher:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{self.spec.kv_cache_gib:g}", **target.env}
         env.setdefault("PYTHONUNBUFFERED", "1")
         compilation = self.compilation(target, variant)
+        runtime = runtime_env(self.spec, self.engine_python, {**os.environ, **target.env})
         for name, value in {**compile_cache_env(compilation, env), **uniprocess_env(command)}.items():
             env.setdefault(name, value)  # the caller's environment and the target's env win
+        for name, value in runtime.items():  # the target's env wins; LD_PRELOAD keeps the caller's after ours
+            if name not in target.env:
+                env[name] = value
         if self.spec.host in LOOPBACK:
             # /server_info states the configuration the engine resolved (tasks/metrics/engine_config.py);
             # vLLM's dev endpoints are reachable from this machine only, as the server itself is
@@ -220,6 +233,7 @@ class LocalLauncher:
                 "port": port,
                 "kv_cache_gib": self.spec.kv_cache_gib,
                 "compilation": compilation,
+                "cpu_runtime": runtime_record(self.spec, env),
                 **{name: env[name] for name in RECORDED_ENV if name in env},
                 **({"overlays": overlays} if overlays else {}),
             },
@@ -250,6 +264,7 @@ class LocalLauncher:
         return tail(deployment.log_path, lines)
 
     def collect_facts(self, deployment: Deployment) -> dict[str, Any]:
+        self._place_threads(deployment)
         log_text = deployment.log_path.read_text(errors="replace") if deployment.log_path else ""
         facts = apply_startup_facts(deployment, startup_facts(log_text))
         deployment.extra.update({k: v for k, v in facts.items() if k == "max_concurrency_at_len"})
@@ -271,6 +286,16 @@ class LocalLauncher:
             )
         return facts
 
+    def _place_threads(self, deployment: Deployment) -> None:
+        """Once ready: bind the engine's threads (cpu_binding pin) and read its huge pages; recorded."""
+        runtime = deployment.extra.get("cpu_runtime")
+        if not isinstance(runtime, dict) or deployment.pid is None or "bound" in runtime:
+            return
+        if self.spec.cpu_binding == "pin":
+            runtime["bound"] = bind_after_ready(self.spec, deployment.pid, client=deployment.id)
+        if self.spec.huge_pages:
+            runtime["anon_huge_pages_kib"] = huge_page_kib(deployment.pid)
+
     def teardown(self, deployment: Deployment) -> None:
         proc = self._procs.pop(deployment.id, None)
         how = stop_process_group(deployment.pid, proc)
@@ -280,6 +305,7 @@ class LocalLauncher:
         deployment.save()
         ledger.forget(deployment.id)
         _LIVE.pop(deployment.id, None)
+        release_client(deployment.id)  # the client's CPUs back once no pinned engine is left
 
     @staticmethod
     def stop_leftover(entry: dict[str, Any], saved: SavedSettings | None = None) -> str:

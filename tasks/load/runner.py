@@ -53,6 +53,8 @@ class LoadPlan:
     warmup: int = 2
     time_cap_s: float = 600.0
     seed: int = 0
+    # closed loop: measure for this many seconds (then let the requests in flight finish); `requests` caps it
+    window_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode == "closed" and (self.concurrency is None or self.concurrency <= 0):
@@ -65,6 +67,8 @@ class LoadPlan:
             raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
         if self.requests <= 0 or self.warmup < 0 or self.time_cap_s <= 0:
             raise ValueError("requests must be > 0, warmup >= 0 and time_cap_s > 0")
+        if self.window_s is not None and (self.mode != "closed" or self.window_s <= 0):
+            raise ValueError(f"a time window ({self.window_s} s) is for closed-loop cells, and > 0")
 
     @classmethod
     def from_spec(
@@ -82,6 +86,7 @@ class LoadPlan:
             warmup=load.warmup_at(concurrency),
             time_cap_s=load.time_cap_s,
             seed=seed,
+            window_s=load.window_s if concurrency is not None else None,
         )
 
     @property
@@ -201,11 +206,14 @@ class _Cell:
     async def closed_phase(self, phase: Phase, count: int) -> None:
         next_j = 0
         workers = min(self.plan.concurrency or 1, count)
+        # a time-window cell stops sending at the window's end: `count` is then a cap, not a plan
+        window = self.plan.window_s if phase == "measured" else None
+        stop_at = _perf_counter() + window if window is not None else float("inf")
 
         async def worker() -> None:
             nonlocal next_j
             current = asyncio.current_task()
-            while next_j < count and not self.capped and _perf_counter() < self.deadline:
+            while next_j < count and not self.capped and _perf_counter() < min(self.deadline, stop_at):
                 j, next_j = next_j, next_j + 1
                 await self.send(phase, j, self.now())
                 if current is not None and current.cancelling():
@@ -214,7 +222,10 @@ class _Cell:
                     return
 
         await self.until_deadline([asyncio.create_task(worker()) for _ in range(workers)])
-        for j in range(count):  # never sent because of the cap
+        planned = (
+            next_j if window is not None and not self.capped else count
+        )  # a window's end sends nothing more
+        for j in range(planned):  # never sent because of the cap
             if self.index(phase, j) not in self.records:
                 self.keep(self.unsent(phase, j))
 

@@ -180,6 +180,10 @@ def observe_engine_config(deployment: Deployment) -> dict[str, Any]:
         metrics_text = ""
     server_info = fetch_server_info(deployment.base_url, deployment.headers())
     stated = effective_config(log_text, metrics_text, server_info)
+    runtime = deployment.extra.get("cpu_runtime")
+    if isinstance(runtime, dict) and runtime.get("label"):  # the local launcher's CPU settings
+        stated["cpu_runtime"] = runtime["label"]
+        stated["sources"] = [*stated.get("sources", []), "launcher"]
     try:
         config = EffectiveEngineConfig.model_validate(stated)
     except ValidationError as exc:  # a value of an unexpected type (another vLLM): recorded, never fatal

@@ -2,14 +2,16 @@
 
 A cell's throughput on a shared machine depends on what else runs there. On the embedded engine (the local
 launcher) the engine is a child of the process that runs the cell, so the host's busy CPU time minus this
-process tree's (the client, its load workers, the engine and its workers) is what OTHER processes took. A
-cell during which they took a large share did not measure the engine alone: analysis/validity.py names such
-cells and the validity verdict reads them (docs/analysis.md, "Contention").
+process tree's (the client, its load workers, the engine and its workers) and minus steal is what OTHER
+processes took. Steal is time the hypervisor gave to other tenants of a virtual machine's host while this
+guest wanted to run: no process here used it, so it is kept apart from "other". A cell during which others
+or the hypervisor took a large share did not measure the engine alone: analysis/validity.py names such
+cells and the validity verdict reads them (docs/analysis.md, "Contention", "Steal").
 
-Host time from /proc/stat (all CPUs, busy = everything but idle and iowait); the tree's from psutil (user +
-system of each live member, plus what their reaped children used). Linux only; elsewhere None. With a remote
-launcher (SLURM, sml, an endpoint) the engine is on another host: the figures then describe the client's
-host only.
+Host time from /proc/stat's first line (user nice system idle iowait irq softirq steal, all CPUs; busy =
+everything but idle and iowait, steal included); the tree's from psutil (user + system of each live member,
+plus what their reaped children used). Linux only; elsewhere None. With a remote launcher (SLURM, sml, an
+endpoint) the engine is on another host: the figures then describe the client's host only.
 """
 
 from __future__ import annotations
@@ -30,31 +32,40 @@ class CpuSnapshot:
     host_busy_s: float  # all CPUs' busy seconds since boot
     host_total_s: float  # all CPUs' seconds since boot (busy + idle + iowait)
     tree_s: float  # this process and its descendants: CPU seconds used so far
+    host_steal_s: float = 0.0  # all CPUs' seconds stolen by the hypervisor since boot (part of busy)
 
 
 @dataclass(frozen=True)
 class HostShares:
-    """Shares of the host's CPU capacity over a window (0..1 each; busy = ours + other)."""
+    """Shares of the host's CPU capacity over a window (0..1 each; busy = ours + other + steal)."""
 
     cpus: int
     busy: float
     ours: float
     other: float
+    steal: float
 
 
-def _host_seconds() -> tuple[float, float] | None:
-    try:
-        with open(_PROC_STAT, encoding="ascii") as f:
-            first = f.readline().split()
-    except OSError:
-        return None
+def host_seconds(first_line: str) -> tuple[float, float, float] | None:
+    """(busy, total, steal) seconds of all CPUs from /proc/stat's first line, None if it is not the `cpu`
+    line."""
+    first = first_line.split()
     if not first or first[0] != "cpu":
         return None
     ticks = [int(v) for v in first[1:]]
     # user nice system idle iowait irq softirq steal guest guest_nice: guest time is already in user
     total = sum(ticks[:8])
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-    return (total - idle) / _TICKS, total / _TICKS
+    steal = ticks[7] if len(ticks) > 7 else 0  # kernels before 2.6.11 have no steal column
+    return (total - idle) / _TICKS, total / _TICKS, steal / _TICKS
+
+
+def _host_seconds() -> tuple[float, float, float] | None:
+    try:
+        with open(_PROC_STAT, encoding="ascii") as f:
+            return host_seconds(f.readline())
+    except OSError:
+        return None
 
 
 def _tree_seconds(root: psutil.Process) -> float:
@@ -78,7 +89,8 @@ def snapshot() -> CpuSnapshot | None:
     host = _host_seconds()
     if host is None:
         return None
-    return CpuSnapshot(time.monotonic(), host[0], host[1], _tree_seconds(psutil.Process()))
+    busy, total, steal = host
+    return CpuSnapshot(time.monotonic(), busy, total, _tree_seconds(psutil.Process()), steal)
 
 
 def shares(before: CpuSnapshot | None, after: CpuSnapshot | None) -> HostShares | None:
@@ -89,12 +101,16 @@ def shares(before: CpuSnapshot | None, after: CpuSnapshot | None) -> HostShares 
     if capacity <= 0:
         return None
     busy = max(0.0, after.host_busy_s - before.host_busy_s)
+    steal = min(busy, max(0.0, after.host_steal_s - before.host_steal_s))
     # A member that exited inside the window takes its time with it (the tree is listed at each end): the
     # tree's share is then low and `other` high by that much, never the reverse.
     ours = min(busy, max(0.0, after.tree_s - before.tree_s))
+    # Clipped: the tree's time (psutil) and the host's (/proc/stat) are read at slightly different moments.
+    other = max(0.0, busy - ours - steal)
     return HostShares(
         cpus=psutil.cpu_count() or 1,
         busy=min(1.0, busy / capacity),
         ours=min(1.0, ours / capacity),
-        other=min(1.0, (busy - ours) / capacity),
+        other=min(1.0, other / capacity),
+        steal=min(1.0, steal / capacity),
     )

@@ -186,6 +186,24 @@ def _wall_s(measured: pl.DataFrame) -> float | None:
     return float(end.max() - start.min()) if start.size and end.size and end.max() > start.min() else None
 
 
+def achieved_concurrency(measured: pl.DataFrame) -> float | None:
+    """The time-weighted mean number of measured requests in flight over the wall_s window (first send to
+    last end): each request's time in flight, clipped to the window, summed, over the window's length.
+    Failures count (they held a slot); a request without a send or an end time is left out."""
+    wall = _wall_s(measured)
+    if wall is None:
+        return None
+    start = float(measured["sent_s"].drop_nulls().to_numpy().min())  # wall_s's window
+    end = start + wall
+    spans = measured.select(
+        pl.col("sent_s").alias("start"), pl.coalesce("ended_s", "last_token_s").alias("end")
+    ).drop_nulls()
+    in_flight = (pl.col("end").clip(upper_bound=end) - pl.col("start").clip(lower_bound=start)).clip(
+        lower_bound=0.0
+    )
+    return float(spans.select(in_flight.sum()).item()) / wall
+
+
 def _latency(ok: pl.DataFrame) -> Latency:
     """The successful requests' latency distributions (TPOT over those of at least 2 tokens)."""
     tpot_rows = ok.filter(pl.col("completion_tokens") >= 2)
@@ -314,6 +332,7 @@ def summarize_cell(
         error=error,
         requests=request_counts(total, n_ok, failed.height, dict(errors)),
         wall_s=wall,
+        achieved_concurrency=achieved_concurrency(measured),
         measured_window_s=list(measured_window) if measured_window else None,
         output_throughput_tok_s=per_wall(completion_tokens),
         request_throughput_rps=per_wall(n_ok),

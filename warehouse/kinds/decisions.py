@@ -1,8 +1,8 @@
 """The decision loop's documents (artifacts.documents.decisions, migration 0015): two kinds of single files,
 each written once under the verification campaign:
 
-- decisions/<decision_id>.json (DecisionDocument, analysis.verification) into `decisions`, one row per recommendation
-  and its verification, and `decision_loads`, one row per measured load (DECISIONS_KIND);
+- decisions/<decision_id>[.rev<n>].json (DecisionDocument, analysis.verification) into `decisions`, one row per
+  revision of a recommendation's verdict, and `decision_loads`, one row per measured load (DECISIONS_KIND);
 - promotions/<decision_id>.json (PromotionDocument, tasks.promote) into `promotions`, a person's answer to
   that decision (PROMOTIONS_KIND).
 
@@ -14,11 +14,12 @@ import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
-from artifacts import layout
+from artifacts import ids, layout
 from artifacts.documents import OUTCOMES, DecisionDocument, PromotionDocument, utc_datetime
+from artifacts.documents.decisions import VALIDITY
 from warehouse.errors import ArtifactInvalid
-from warehouse.frames import Files, canonical_json, to_frame
-from warehouse.kinds.base import file_document, file_kind, placed
+from warehouse.frames import Files, canonical_json, document, to_frame
+from warehouse.kinds.base import check_place, file_document, file_kind, placed
 from warehouse.kinds.columns import Tool, main_table, placed_columns, source_columns, tool_columns
 from warehouse.models import Strict
 
@@ -53,6 +54,15 @@ class DecisionModel(pa.DataFrameModel):
     summary: pl.String = pa.Field()
     caveats: pl.String = pa.Field()
     created_utc: pl.Datetime = pa.Field(nullable=True)
+    # migration 0024
+    revision: pl.Int32 = pa.Field(ge=1)
+    validity: pl.String = pa.Field(nullable=True, isin=list(VALIDITY))
+    validity_reasons: pl.String = pa.Field()
+    # migration 0025
+    choice: pl.String = pa.Field()
+    choice_reason: pl.String = pa.Field()
+    traffic: pl.String = pa.Field()
+    options: pl.String = pa.Field()
 
     Config = Strict
 
@@ -110,6 +120,9 @@ class PromotionModel(pa.DataFrameModel):
     vllm_args: pl.String = pa.Field()
     files: pl.String = pa.Field()
     decided_utc: pl.Datetime = pa.Field()
+    # migration 0024
+    decision_revision: pl.Int32 = pa.Field(ge=1)
+    override: pl.String = pa.Field()
 
     Config = Strict
 
@@ -117,9 +130,12 @@ class PromotionModel(pa.DataFrameModel):
 def decision_frames(
     source_path: str, campaign_id: str, decision_id: str, files: Files, sha256: str
 ) -> dict[str, pl.DataFrame]:
-    """One decision file as its `decisions` row and `decision_loads` rows (pure: no database)."""
+    """One decision file (`decision_id`: its name, with the revision's suffix) as its `decisions` row and
+    `decision_loads` rows (pure: no database)."""
     name = f"{decision_id}.json"
-    doc = file_document(files, DecisionDocument, campaign_id, decision_id, "decision_id")
+    base_id, revision = ids.parse_decision_revision(decision_id)
+    doc = document(files, name, DecisionDocument)
+    check_place(name, doc, decision_id=base_id, revision=revision, campaign_id=campaign_id)
     for i, entry in enumerate(doc.schedule):
         if len(entry) != 3 or not 1 <= entry[0] <= entry[1] or entry[2] < 0:
             raise ArtifactInvalid(
@@ -127,7 +143,7 @@ def decision_frames(
                 file=name,
                 column=f"schedule[{i}]",
             )
-    if doc.outcome == "confirmed":  # confirmed means confirmed at every load (artifacts.documents.decisions)
+    if doc.outcome == "confirmed":  # confirmed means confirmed at every load (analysis.recommend.overall)
         unconfirmed = [load.concurrency for load in doc.loads if load.outcome != "confirmed"]
         if not doc.loads or unconfirmed:
             why = (
@@ -141,6 +157,10 @@ def decision_frames(
     key = f"{campaign_id}/{decision_id}"
     row = {
         **placed_columns("decision", campaign_id, decision_id),
+        "decision_id": base_id,  # the key keeps the revision's suffix: one row per revision
+        "revision": revision,
+        "validity": doc.validity,
+        "validity_reasons": doc.validity_reasons,
         "source_campaign_id": doc.source_campaign_id,
         "workload": doc.workload,
         "family": doc.family,
@@ -160,6 +180,10 @@ def decision_frames(
         "gate_claim": doc.gate_claim,
         "summary": doc.summary,
         "caveats": canonical_json(doc.caveats),
+        "choice": doc.choice,
+        "choice_reason": doc.choice_reason,
+        "traffic": doc.traffic,
+        "options": canonical_json([option.model_dump(mode="json") for option in doc.options]),
         "created_utc": utc_datetime(doc.created_utc),
         **tool_columns(doc.tool),
         **source_columns(source_path, sha256),
@@ -189,6 +213,8 @@ def promotion_frames(
         "vllm_args": canonical_json(doc.vllm_args),
         "files": canonical_json(doc.files),
         "decided_utc": utc_datetime(doc.decided_utc),
+        "decision_revision": doc.decision_revision,
+        "override": doc.override,
         **tool_columns(doc.tool),
         **source_columns(source_path, sha256),
     }
