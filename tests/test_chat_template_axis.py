@@ -71,6 +71,7 @@ def test_template_options_reach_the_body_are_recorded_and_pair_within_their_sett
             "requests": 2,
             "warmup": 0,
             "allow_short_cells": True,
+            "engine_warmup": False,  # the trace counts the cells' requests only
             "request_timeout_s": 30,
         },
         sampling=[

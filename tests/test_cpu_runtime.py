@@ -178,11 +178,20 @@ def test_the_default_launcher_pins_the_engine_with_passive_waits(tmp_path: Path)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 
 
-def test_pin_refuses_a_group_without_an_engine_process() -> None:
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs"
+)
+def test_an_engine_without_vllms_process_titles_is_bound_whole() -> None:
+    """A custom engine command (or the tests' stand-in): the whole group goes to the engine CPUs, said so."""
+    before = sorted(os.sched_getaffinity(0))
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        with pytest.raises(LaunchError, match="no engine core process"):
-            bind_after_ready(LocalLaunchSpec(cpu_binding="pin"), server.pid)
+        time.sleep(0.5)
+        bound = bind_after_ready(LocalLaunchSpec(cpu_binding="pin"), server.pid)
+        _, engine_cpus = cpu_split(LocalLaunchSpec(cpu_binding="pin"), before)
+        assert _allowed(server.pid) == {tuple(engine_cpus)}
+        assert bound["frontend_threads"] == 0 and "whole process group" in bound["note"]
+        assert sorted(os.sched_getaffinity(0)) == before  # no client named: this process left alone
     finally:
         os.killpg(server.pid, 9)
         server.wait()

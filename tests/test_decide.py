@@ -311,6 +311,7 @@ sampling: {temperature: 0.0, seed: 0}
 repeats: 1
 capture: {enabled: false}
 validity: {aa_control: false}  # engine starts of the twin are this test's cost; the demo has the A/A arm
+decision: {verify_repeats: 2, max_launches: 2}  # two launches each, not until decided: the test's time is bounded
 launcher: {kind: local, kv_cache_gib: 1, ready_timeout_s: 600}
 """
 

@@ -210,7 +210,7 @@ def test_a_second_run_of_a_running_campaign_is_refused_naming_the_first(
         emulator_spec(
             "two-runs",
             work,
-            load={"concurrencies": [1, 2], "requests": 6},
+            load={"concurrencies": [1, 2], "requests": 6, "allow_short_cells": True},
             validity={"aa_control": False, "client_calibration": False},
         ),
     )
