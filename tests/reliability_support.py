@@ -140,7 +140,13 @@ def emulator_spec(name: str, workload_file: Path, **changes: Any) -> dict[str, A
         "target": {"model": "models/tiny-target", "served_model_name": "tiny"},
         "variants": [{"name": "plain"}],
         "workloads": [{"file": str(workload_file)}],
-        "load": {"concurrencies": [1], "requests": 4, "warmup": 1, "request_timeout_s": 10},
+        "load": {
+            "concurrencies": [1],
+            "requests": 4,
+            "warmup": 1,
+            "allow_short_cells": True,
+            "request_timeout_s": 10,
+        },
         "sampling": {"max_tokens": 8},
         "capture": {"enabled": False},
         "validity": {"aa_control": False},  # plain only: no A/A arm
