@@ -91,21 +91,6 @@ class LaunchResult:
     load_avg: float = 0.0
 
 
-def achieved(records: Any) -> float | None:
-    """Time-weighted mean of measured requests in flight over the measured window (the cells' own figure
-    where the summary has it)."""
-    frame = records.filter(records["phase"] == "measured")
-    if frame.is_empty():
-        return None
-    sent = frame["sent_s"].to_numpy()
-    ended = frame["ended_s"].to_numpy()
-    ok = ~(np.isnan(sent) | np.isnan(ended))
-    if not ok.any():
-        return None
-    window = float(np.nanmax(ended[ok]) - np.nanmin(sent[ok]))
-    return float((ended[ok] - sent[ok]).sum() / window) if window > 0 else None
-
-
 def short_corpus(spec: ExperimentSpec, stratum: str, max_tokens: int | None, work: Path) -> Path:
     """The spec's workload file, this stratum only, each prompt's max_tokens capped (shorter cells)."""
     source = REPO_ROOT / spec.workloads[0].file
@@ -169,9 +154,7 @@ def one_launch(
                 )
                 summary = outcome.summary
                 host = summary.host
-                fill = getattr(summary, "achieved_concurrency", None)
-                if fill is None:
-                    fill = achieved(_records(directory / "cells", plan.cell_id))
+                fill = summary.achieved_concurrency  # tasks.metrics.summary's figure
                 cells.append(
                     CellResult(
                         concurrency,
@@ -180,7 +163,7 @@ def one_launch(
                         summary.output_throughput_tok_s,
                         fill,
                         host.other_share if host else None,
-                        getattr(host, "steal_share", None) if host else None,
+                        host.steal_share if host else None,
                     )
                 )
         runtime = dict(dep.extra.get("cpu_runtime") or {})
@@ -189,13 +172,6 @@ def one_launch(
 
             runtime["anon_huge_pages_kib_after"] = huge_page_kib(dep.pid) if dep.pid else None
     return LaunchResult(round_number, arm, variant.name, ready_s, cells, runtime, os.getloadavg()[0])
-
-
-def _records(cells_dir: Path, cell_id: str) -> Any:
-    import polars as pl
-
-    attempts = sorted(cells_dir.glob(f"{cell_id}.a*"))
-    return pl.read_parquet(attempts[-1] / "requests.parquet")
 
 
 def load_results(path: Path) -> list[LaunchResult]:
