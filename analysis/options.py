@@ -44,12 +44,11 @@ from analysis.stats import (
     log_ratio,
     weighted_ratio_interval,
 )
-from artifacts.documents.decisions import PLAIN_OPTION, DeploymentOption, OptionLoad
+from artifacts.documents.decisions import PLAIN_OPTION, SCHEDULE_OPTION, DeploymentOption, OptionLoad
 from experiments.spec import DecisionSpec, Variant
 from specgauge.errors import InputError
 from specgauge.files import read_bounded_text
 
-SCHEDULE_OPTION = "schedule"  # the recommended schedule's option
 EQUAL = "equal over the measured loads"
 MAX_TRAFFIC_BYTES = 32 << 20  # a Prometheus export of weeks at a 15 s step is a few MiB
 RUNNING = "vllm:num_requests_running"

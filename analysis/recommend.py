@@ -240,8 +240,10 @@ def recommend(
 
 def predicted_gain(rec: Recommendation) -> float:
     """What the schedule should give, from the sweep: the geometric mean over its loads of the best depth's
-    speedup where it drafts and 1 where it is off."""
-    logs = [math.log(c.speedup) if c.k > 0 else 0.0 for c in rec.choices]
+    speedup where it drafts, and where it is off the best depth's speedup there (below 1) rather than 1: an off
+    range is not free, since k 0 keeps the drafter loaded and asynchronous scheduling off (measured 0.81-0.86x
+    plain on vLLM 0.32, docs/analysis.md), and the sweep measured no k 0 cell to price it better."""
+    logs = [math.log(c.speedup if c.k > 0 else min(c.speedup, 1.0)) for c in rec.choices]
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
 
@@ -304,13 +306,15 @@ def verification_spec(
     repeats: int | None = None,
     gate: bool = False,
     max_launches: int | None = None,
+    aa_control: bool | None = None,
 ) -> dict[str, Any]:
     """The campaign that checks a recommendation: plain, the best fixed depth and the recommended schedule,
     launched the same way, on the recommendation's workload at the source campaign's closed-loop loads, with
     the source's captures (the schedule must be lossless too; `gate`: capture even where the source did not)
     and launcher, and `repeats` launches of each (default: the source's). With `max_launches` above `repeats`
     it launches until it decides: after `repeats` blocks, one more at a time until every load of the schedule
-    has a decided verdict, or `max_launches` per arm (experiments.spec.UntilDecided)."""
+    has a decided verdict, or `max_launches` per arm (experiments.spec.UntilDecided). `aa_control`: the A/A
+    arm on or off regardless of the source's validity settings (None: the source's)."""
     if rec.config is None:
         raise ValueError(f"{rec.family} on {rec.workload}: nothing to verify (speculation off at every load)")
     families = _families(spec)
@@ -349,6 +353,8 @@ def verification_spec(
         out["repeats"] = {"until": "decided", "min": repeats, "max": max_launches, "variants": [RECOMMENDED]}
     if gate:
         out["capture"] = {**(spec.get("capture") or {}), "enabled": True}
+    if aa_control is not None:  # the verification's A/A arm, whatever the sweep ran (DecisionSpec)
+        out["validity"] = {**(spec.get("validity") or {}), "aa_control": aa_control}
     # A schedule that runs the fixed depth at every measured load is that config: launching both would measure
     # one config twice (issue 41), so the fixed arm goes and the verdict has no edge over it.
     fixed = (

@@ -104,6 +104,7 @@ def plan_verification(
             repeats=rule.verify_repeats,
             gate=rule.verify_gate,
             max_launches=rule.max_launches,
+            aa_control=rule.verify_aa_control,
         )
     return VerificationPlan(data.campaign_id, rec, notes, fixed_k, spec, source_spec=data.spec)
 

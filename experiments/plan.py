@@ -165,9 +165,10 @@ def spec_digest(spec: ExperimentSpec) -> str:
             del data[section]
     if "decision" in data:
         del data["decision"]["traffic"]
-        # the verification's cap, added later: at its default it keeps the ids of sweeps written before it
-        if data["decision"]["max_launches"] == DecisionSpec.model_fields["max_launches"].default:
-            del data["decision"]["max_launches"]
+        # the verification's cap and A/A arm, added later: at their defaults they keep the ids of older sweeps
+        for name in ("max_launches", "verify_aa_control"):
+            if data["decision"][name] == DecisionSpec.model_fields[name].default:
+                del data["decision"][name]
     if "validity" in data:  # limits added after specs set other validity fields: left out at their defaults
         for name in ("min_concurrency_fill", "max_steal_share"):
             if data["validity"][name] == ValiditySpec.model_fields[name].default:

@@ -931,6 +931,12 @@ class DecisionSpec(Strict):
         description="Capture greedy outputs in the verification and gate the recommended schedule against "
         "plain (with the spec's `capture` settings), even where the sweep itself captured nothing.",
     )
+    verify_aa_control: bool = Field(
+        default=True,
+        description="Launch an A/A plain arm in the verification (its validity verdict reads the A/A gap), "
+        "whatever the sweep did: a sweep screens with one launch per variant and can leave its own A/A arm "
+        "out (validity.aa_control: false).",
+    )
     # How the decision weighs loads, not what is measured: left out of the campaign id (experiments.plan)
     traffic: str | None = Field(
         default=None,

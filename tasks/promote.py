@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from artifacts import layout
 from artifacts.documents import DecisionDocument, PromotionDocument
-from artifacts.documents.decisions import REFUTED
+from artifacts.documents.decisions import PLAIN_OPTION, REFUTED, SCHEDULE_OPTION
 from artifacts.store import atomic_dir, read_document, write_json_atomic
 from experiments.spec import ExperimentSpec, SlurmLaunchSpec, SmlLaunchSpec, TargetSpec, Variant, load_spec
 from specgauge.errors import ArtifactError, InputError
@@ -426,6 +426,39 @@ def latest_promoted_decision(home: Path) -> str | None:
     return max(approved)[2] if approved else None
 
 
+def as_chosen(decision: DecisionDocument) -> tuple[DecisionDocument, list[str]]:
+    """The decision with the option it chose (analysis.options: weighed by traffic) as what is deployed: the
+    schedule unless the choice is another fixed config the verification launched (the "fixed" arm), whose
+    spec entry then replaces the schedule's. Plain is never promoted (DecisionDocument.refusal says so)."""
+    if decision.choice in ("", SCHEDULE_OPTION, PLAIN_OPTION) or decision.variant is None:
+        return decision, []
+    option = next((o for o in decision.options if o.name == decision.choice), None)
+    entry = None
+    if decision.verification_spec:
+        entries = load_spec(Path(decision.verification_spec)).get("variants") or []
+        entry = next((v for v in entries if v.get("name") == decision.choice), None)
+    if option is None or entry is None or option.speculative_config is None:
+        raise ArtifactError(
+            f"decision {decision.decision_id} chose {decision.choice!r}, which its verification campaign did not "
+            "launch: only a launched config is promoted"
+        )
+    variant = _validated(Variant, {**entry, "name": decision.variant["name"]}, decision, "variant")
+    rendered = variant.speculative_config() or {}
+    top = int(rendered.get("num_speculative_tokens", variant.k or 0))
+    last = max(end for _, end, _ in decision.schedule)
+    changed = decision.model_copy(
+        update={
+            "variant": variant.model_dump(mode="json", exclude_defaults=True),
+            "speculative_config": rendered,
+            "schedule": [[1, last, top]],
+            "loads": [load.model_copy(update={"k": top}) for load in decision.loads],
+        }
+    )
+    return changed, [
+        f"deployed the decision's choice, {option.name} ({option.description}), not the schedule"
+    ]
+
+
 def without_refuted(decision: DecisionDocument) -> tuple[DecisionDocument, list[str], str | None]:
     """The decision as it may be deployed: every range the verification refuted where the schedule drafts is
     served with speculation off, and said so (the notes). The third item says why nothing may be deployed at
@@ -494,7 +527,10 @@ def promote_decision(
                 "why": f"not promotable: {refusal} (--override REASON promotes it anyway, recorded with the "
                 "approver)",
             }
-        decision, notes, blocked = without_refuted(decision)
+        decision, chosen = as_chosen(decision)
+        notes.extend(chosen)
+        decision, refuted_notes, blocked = without_refuted(decision)
+        notes.extend(refuted_notes)
         if blocked is not None:
             return {
                 "promoted": False,

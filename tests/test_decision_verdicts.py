@@ -264,3 +264,41 @@ def test_the_nightly_guard_gives_no_verdict_from_a_point_or_a_zero_width_interva
     flat = Verdict(4, 3, 0.7, 0.7, 0.7, "n=3", 3, None, None, None, INCONCLUSIVE, "zero width", 0.05)
     lost, unjudged = promoted_losses([point, flat])
     assert lost == [] and unjudged == [point, flat]  # below 1 as points, yet no alert
+
+
+def test_a_decision_to_deploy_plain_is_not_promoted(verified, home: Path) -> None:
+    """The options weighed by traffic chose plain: however its schedule was judged, there is no speculation
+    config to deploy, and promotion says so (exit 1 through the CLI, as for any refusal)."""
+    from tasks.promote import promote_decision
+
+    plain = verified["confirmed"].model_copy(
+        update={"choice": "plain", "choice_reason": "deploy plain: nothing clears 1.10"}
+    )
+    result = promote_decision(_stored(home, plain), True, "alice", "", "cli")
+    assert result["refused"] is True and "the decision is to deploy plain" in result["why"]
+    assert not list((home / "raw").glob("*/promotions/*.json"))
+
+
+def test_a_chosen_fixed_config_is_what_promotion_deploys(verified, home: Path) -> None:
+    """When the traffic-weighed choice is the verification's fixed arm rather than the schedule, the promoted
+    files serve that arm's config (one depth at every batch size), not the schedule."""
+    from artifacts.documents.decisions import DeploymentOption
+    from tasks.promote import promote_decision
+
+    doc: DecisionDocument = verified["confirmed"]
+    fixed = next(v for v in verified["plan"].spec["variants"] if v["name"].startswith("fixed"))
+    option = DeploymentOption(
+        name=fixed["name"],
+        kind="fixed",
+        description=f"eagle3 k={fixed['k']}",
+        speculative_config={"method": "eagle3", "num_speculative_tokens": fixed["k"]},
+        loads=[],
+    )
+    chosen = doc.model_copy(update={"choice": fixed["name"], "options": [*doc.options, option]})
+    result = promote_decision(_stored(home, chosen), True, "alice", "", "cli")
+    assert result["promoted"] is True, result
+    assert any(fixed["name"] in note for note in result["notes"])
+    (path,) = (home / "raw").glob("*/promotions/*.json")
+    stored = read_document(path, PromotionDocument)
+    assert (stored.speculative_config or {}).get("num_speculative_tokens") == fixed["k"]
+    assert "num_speculative_tokens_per_batch_size" not in (stored.speculative_config or {})

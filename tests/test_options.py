@@ -57,7 +57,7 @@ def plant_sweep(variant: str, repeat: int, workload: str, load: str):
 
 def plant_verification(variant: str, repeat: int, workload: str, load: str):
     base = 0.020 * (1 + 0.02 * repeat)
-    if variant == "plain":
+    if variant in ("plain", "plain-aa"):  # the verification's A/A arm (decision.verify_aa_control)
         return profile(base, None)
     ratio, noise = PLANTED[(variant, load)]
     if variant == "recommended" and load == "c4":  # speculation off: no drafts

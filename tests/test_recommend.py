@@ -164,7 +164,8 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
     fixed = best_fixed_k(rec, data, FAST)
     assert fixed == 2  # geometric mean over C=1, 4, 16: k=2 (1.6, 1.35, 0.8) beats k=4 (2.0, 1.05, 0.6)
     spec = parse_spec(verification_spec(data.spec, rec, fixed))
-    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended"]
+    # the A/A arm is the verification's own (decision.verify_aa_control), whatever the sweep ran
+    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended", "plain-aa"]
     recommended = spec.variants[2]
     assert recommended.speculative_config() == rec.config
     assert spec.load.concurrencies == (1, 4, 16) and spec.profile is None and spec.capture.enabled
@@ -235,7 +236,8 @@ def test_the_verification_spec_is_written_once_per_recommendation(surface_db: Pa
     path = write_verification_spec(None, None, surface_db)
     assert path.parent == home / "specs" and path.name.endswith("-verify-chat.yaml")
     spec = load_spec(path)
-    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended"]
+    # the A/A arm is the verification's own (decision.verify_aa_control), whatever the sweep ran
+    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended", "plain-aa"]
     assert spec.variants[2].k_schedule == ((1, 2, 4), (3, 8, 2), (9, 256, 0))
     first = path.read_text()
     assert write_verification_spec(None, "chat", surface_db) == path and path.read_text() == first

@@ -318,7 +318,8 @@ LEFT JOIN adaptation_comparisons tpot
 -- fixed_k, with intervals over repeats), the load's verdict (`load_outcome`, `reason`: confirmed, "faster, below
 -- the minimum effect", refuted, inconclusive) beside the decision's (`outcome`) and the verification campaign's
 -- validity (`validity`, `validity_reasons`), and the person's answer if there is one (the latest promotion:
--- `approved`, `approver`, `promoted_utc`, `override`; null: not answered yet). Only the latest revision of a
+-- `approved`, `approver`, `promoted_utc`, `override`; null: not answered yet), and how many launches per arm
+-- the verification took of the most it could (`launches`, `max_launches`). Only the latest revision of a
 -- decision (a recomputed decision is a new revision, migration 0024). A decision with no load has one row with
 -- a null concurrency.
 CREATE OR REPLACE VIEW v_decision AS
@@ -341,7 +342,7 @@ SELECT
     d.fixed_k, d.tolerance, d.confidence, d.schedule, d.speculative_config, d.verification_spec,
     d.summary, d.caveats, d.created_utc,
     p.approved, p.approver, p.decided_utc AS promoted_utc, p.override,
-    d.choice, d.choice_reason, d.traffic, d.options
+    d.choice, d.choice_reason, d.traffic, d.options, d.launches, d.max_launches
 FROM latest d
 LEFT JOIN decision_loads l ON l.decision_key = d.decision_key
 LEFT JOIN promoted p ON p.campaign_id = d.campaign_id AND p.decision_id = d.decision_id

@@ -57,6 +57,7 @@ class DecisionLoad(Document):
 
 
 PLAIN_OPTION = "plain"  # the deployment option that runs no speculation: "deploy plain" (analysis.options)
+SCHEDULE_OPTION = "schedule"  # the recommended schedule's option
 OPTION_KINDS: tuple[str, ...] = ("plain", "fixed", "schedule")
 
 
@@ -136,6 +137,8 @@ class DecisionDocument(Configuration):  # a target and variant: redacted when wr
         """Why this decision may not be promoted (None: it may): only a confirmed decision of a valid
         verification campaign is, since anything less was not shown to pay at every load."""
         reasons = []
+        if self.choice == PLAIN_OPTION:  # the options weighed by traffic said: no speculation pays enough
+            reasons.append(f"the decision is to deploy plain ({self.choice_reason})")
         if self.validity != "valid":
             shown = f" ({self.validity_reasons})" if self.validity_reasons else ""
             reasons.append(f"the verification campaign is {self.validity or 'not judged'}{shown}")

@@ -63,6 +63,9 @@ class DecisionModel(pa.DataFrameModel):
     choice_reason: pl.String = pa.Field()
     traffic: pl.String = pa.Field()
     options: pl.String = pa.Field()
+    # migration 0026
+    launches: pl.Int32 = pa.Field(nullable=True, ge=1)
+    max_launches: pl.Int32 = pa.Field(nullable=True, ge=1)
 
     Config = Strict
 
@@ -184,6 +187,8 @@ def decision_frames(
         "choice_reason": doc.choice_reason,
         "traffic": doc.traffic,
         "options": canonical_json([option.model_dump(mode="json") for option in doc.options]),
+        "launches": doc.launches,
+        "max_launches": doc.max_launches,
         "created_utc": utc_datetime(doc.created_utc),
         **tool_columns(doc.tool),
         **source_columns(source_path, sha256),
