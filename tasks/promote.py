@@ -433,15 +433,16 @@ def as_chosen(decision: DecisionDocument) -> tuple[DecisionDocument, list[str]]:
     if decision.choice in ("", SCHEDULE_OPTION, PLAIN_OPTION) or decision.variant is None:
         return decision, []
     option = next((o for o in decision.options if o.name == decision.choice), None)
-    entry = None
+    arm = None
     if decision.verification_spec:
-        entries = load_spec(Path(decision.verification_spec)).get("variants") or []
-        entry = next((v for v in entries if v.get("name") == decision.choice), None)
-    if option is None or entry is None or option.speculative_config is None:
+        arms = load_spec(Path(decision.verification_spec)).variants
+        arm = next((v for v in arms if v.name == decision.choice), None)
+    if option is None or arm is None or option.speculative_config is None:
         raise ArtifactError(
             f"decision {decision.decision_id} chose {decision.choice!r}, which its verification campaign did not "
             "launch: only a launched config is promoted"
         )
+    entry = arm.model_dump(mode="json", exclude_defaults=True)
     variant = _validated(Variant, {**entry, "name": decision.variant["name"]}, decision, "variant")
     rendered = variant.speculative_config() or {}
     top = int(rendered.get("num_speculative_tokens", variant.k or 0))

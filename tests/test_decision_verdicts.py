@@ -182,8 +182,13 @@ def test_a_resumed_verification_writes_a_new_revision_that_v_decision_shows(veri
             [confirmed.decision_id],
         ).fetchall()
         stored = con.execute("SELECT count(*) FROM decisions").fetchone()
+        launches = con.execute(
+            "SELECT DISTINCT launches, max_launches FROM v_decision WHERE decision_id = ?",
+            [confirmed.decision_id],
+        ).fetchall()
     assert rows == [(2, CONFIRMED, "valid", CONFIRMED), (2, CONFIRMED, "valid", CONFIRMED)]
     assert stored == (2,)  # both revisions are kept; the view shows the latest
+    assert launches == [(3, None)]  # three launches per arm, a fixed count (migration 0026)
 
 
 def _stored(home: Path, doc: DecisionDocument) -> str:
