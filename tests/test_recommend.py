@@ -163,9 +163,8 @@ def test_a_verification_campaign_launches_plain_the_best_fixed_depth_and_the_sch
     (rec,) = recommend(data, FAST)
     fixed = best_fixed_k(rec, data, FAST)
     assert fixed == 2  # geometric mean over C=1, 4, 16: k=2 (1.6, 1.35, 0.8) beats k=4 (2.0, 1.05, 0.6)
-    spec = parse_spec(verification_spec(data.spec, rec, fixed))
-    # the A/A arm is the verification's own (decision.verify_aa_control), whatever the sweep ran
-    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended", "plain-aa"]
+    spec = parse_spec(verification_spec(data.spec, rec, fixed))  # the source's validity: no A/A arm
+    assert [v.name for v in spec.variants] == ["plain", "fixed-k2", "recommended"]
     recommended = spec.variants[2]
     assert recommended.speculative_config() == rec.config
     assert spec.load.concurrencies == (1, 4, 16) and spec.profile is None and spec.capture.enabled

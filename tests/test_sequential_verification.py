@@ -181,7 +181,7 @@ def plant_verification(variant: str, repeat: int, workload: str, load: str):
     """Plain drifts a little from launch to launch; the schedule is 1.8x faster at C=1 and off (plain's speed
     less 30%) at C=4, so both loads decide within a few launches."""
     wobble = 1 + 0.02 * ((repeat * 7) % 3 - 1)
-    if variant == "plain":
+    if variant in ("plain", "plain-aa"):  # the verification's A/A arm serves like plain
         return profile(0.020 * wobble, None)
     slower = 1 + 0.05 * repeat  # a spread t(1) cannot decide on, t(2) can
     return profile(0.020 * wobble / (1.8 if load == "c1" else 0.7) * slower, 0.5, tokens_per_chunk=2.5)
