@@ -429,7 +429,8 @@ def latest_promoted_decision(home: Path) -> str | None:
 def as_chosen(decision: DecisionDocument) -> tuple[DecisionDocument, list[str]]:
     """The decision with the option it chose (analysis.options: weighed by traffic) as what is deployed: the
     schedule unless the choice is another fixed config the verification launched (the "fixed" arm), whose
-    spec entry then replaces the schedule's. Plain is never promoted (DecisionDocument.refusal says so)."""
+    spec entry then replaces the schedule's (the loads keep the schedule's verdicts: the arm was chosen for
+    having no refuted load with traffic, analysis.options). Plain is never promoted (DecisionDocument.refusal)."""
     if decision.choice in ("", SCHEDULE_OPTION, PLAIN_OPTION) or decision.variant is None:
         return decision, []
     option = next((o for o in decision.options if o.name == decision.choice), None)
@@ -452,7 +453,6 @@ def as_chosen(decision: DecisionDocument) -> tuple[DecisionDocument, list[str]]:
             "variant": variant.model_dump(mode="json", exclude_defaults=True),
             "speculative_config": rendered,
             "schedule": [[1, last, top]],
-            "loads": [load.model_copy(update={"k": top}) for load in decision.loads],
         }
     )
     return changed, [
@@ -528,10 +528,12 @@ def promote_decision(
                 "why": f"not promotable: {refusal} (--override REASON promotes it anyway, recorded with the "
                 "approver)",
             }
-        decision, chosen = as_chosen(decision)
-        notes.extend(chosen)
-        decision, refuted_notes, blocked = without_refuted(decision)
-        notes.extend(refuted_notes)
+        decision, notes = as_chosen(decision)
+        blocked = None
+        if (
+            not notes
+        ):  # the schedule: its refuted ranges are served off. A chosen fixed arm had none with traffic
+            decision, notes, blocked = without_refuted(decision)
         if blocked is not None:
             return {
                 "promoted": False,
