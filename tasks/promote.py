@@ -530,9 +530,8 @@ def promote_decision(
             }
         decision, notes = as_chosen(decision)
         blocked = None
-        if (
-            not notes
-        ):  # the schedule: its refuted ranges are served off. A chosen fixed arm had none with traffic
+        # The schedule has its refuted ranges served off; a chosen fixed arm had none where traffic runs.
+        if not notes:
             decision, notes, blocked = without_refuted(decision)
         if blocked is not None:
             return {
